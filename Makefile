@@ -1,0 +1,28 @@
+SHELL := /bin/bash
+# veo-edge developer entry points. `make demo` and `make test` are the two README commands.
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+
+.PHONY: setup demo plugins lint test
+
+# torch is pinned: 2.13.0 is the CPU build that pip takes from the machine's local disk
+setup:
+	$(PIP) install --quiet --disable-pip-version-check torch==2.13.0 -e '.[dev]'
+
+# set up, then build the built-in default model (vit-tiny) into ./vit-tiny
+demo: setup
+	veo-edge build --force
+
+# the C++ half: memory pool + tests always, CUDA kernels where nvcc is, TensorRT glue where TensorRT is
+plugins:
+	mkdir -p build/plugins
+	cmake -S plugins -B build/plugins -DCMAKE_BUILD_TYPE=Release
+	set -o pipefail; cmake --build build/plugins -j2 2>&1 | tee build/plugins/build.log
+	ctest --test-dir build/plugins --output-on-failure
+
+lint:
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+
+test: setup plugins lint
+	$(PYTHON) -m pytest -q

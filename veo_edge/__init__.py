@@ -1,0 +1,12 @@
+"""veo-edge: Vision Transformers from PyTorch to a monitored inference service on NVIDIA GPUs,
+with an OpenVINO CPU fallback.
+
+Heavy dependencies (torch, onnx, onnxruntime, openvino, tensorrt) are imported lazily by the modules
+that need them, so importing this package is cheap.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

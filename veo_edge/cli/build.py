@@ -1,0 +1,89 @@
+"""``veo-edge build``: model -> verified ONNX, OpenVINO IR, canary, manifest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from veo_edge.cli._common import console, print_json
+
+
+def build(
+    model: str = typer.Option(
+        None, "--model", "-m", help="Built-in model (default: vit-tiny); see `veo-edge models`."
+    ),
+    module: str = typer.Option(None, "--module", help="Your model: pkg.mod:factory returning an nn.Module."),
+    onnx: Path = typer.Option(None, "--onnx", help="An existing ONNX ViT to build from."),
+    checkpoint: Path = typer.Option(
+        None, "--checkpoint", help="state_dict for --module (.pt/.pth/.safetensors)."
+    ),
+    input_shape: str = typer.Option(None, "--input-shape", help="One sample without batch, e.g. 3,224,224."),
+    out: Path = typer.Option(None, "--out", "-o", help="Build directory (default: ./<model name>)."),
+    max_batch: int = typer.Option(8, "--max-batch", help="Largest batch the build serves."),
+    fp16: bool = typer.Option(False, "--fp16", help="FP16 artifacts (OpenVINO weights compressed to FP16)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing build directory."),
+    opset: int = typer.Option(17, "--opset", help="ONNX opset (17 or newer)."),
+    exporter: str = typer.Option(
+        "torchscript", "--exporter", help="torch.onnx exporter: torchscript or dynamo."
+    ),
+    no_plugins: bool = typer.Option(False, "--no-plugins", help="Skip injecting the TensorRT plugins."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
+    json_out: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+) -> None:
+    """Export a ViT to ONNX, prove it matches PyTorch, and write a build directory."""
+    from veo_edge.errors import UsageError
+    from veo_edge.export.source import BuiltinSource, ModuleSource, OnnxSource, parse_input_shape
+    from veo_edge.models import DEFAULT_MODEL
+    from veo_edge.pipeline.build import BuildOptions, run_build
+
+    chosen = [
+        flag for flag, v in (("--model", model), ("--module", module), ("--onnx", onnx)) if v is not None
+    ]
+    if len(chosen) > 1:
+        raise UsageError(f"{' and '.join(chosen)} were both given; choose one model source")
+    if checkpoint is not None and module is None:
+        raise UsageError("--checkpoint goes with --module (built-in models are initialised from a seed)")
+    shape = parse_input_shape(input_shape)
+    if module is not None:
+        source = ModuleSource(module, input_shape=shape, checkpoint=checkpoint)
+    elif onnx is not None:
+        source = OnnxSource(onnx)
+    else:
+        source = BuiltinSource(model or DEFAULT_MODEL)
+    opts = BuildOptions(
+        source=source,
+        out=out,
+        max_batch=max_batch,
+        fp16=fp16,
+        force=force,
+        quiet=quiet or json_out,
+        opset=opset,
+        exporter=exporter,
+        plugins=not no_plugins,
+    )
+    result = run_build(opts)
+    if json_out:
+        print_json({"path": str(result.path), **result.manifest})
+        return
+    if quiet:
+        return
+    c = console()
+    for note in result.notes:
+        c.print(note)
+    worst = max(result.parity, key=lambda s: s.max_rel)
+    arts = result.manifest["artifacts"]
+    c.print(
+        f"[bold green]Built {result.manifest['model']['name']}[/] in {sum(result.manifest['timings_s'].values()):.1f} s "
+        f"-> {result.path}"
+    )
+    c.print(
+        f"  parity: worst max abs {worst.max_abs:.2g} ({worst.candidate}, batch {worst.batch}), all within tolerance"
+    )
+    for kind in arts:
+        c.print(f"  {kind:<16} {result.path / arts[kind]['path']}")
+    c.print(f"Next: [bold]veo-edge infer {result.path}[/]")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("build")(build)

@@ -1,0 +1,80 @@
+"""``veo-edge infer``: run an input through a build on a chosen backend."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+
+from veo_edge.cli._common import console, print_json
+
+
+def load_input(path: Path | None, batch: int, seed: int, input_shape: tuple[int, ...]):
+    """A ``.npy`` file, or seeded random input of ``batch`` samples."""
+    import numpy as np
+
+    from veo_edge.errors import InputError
+
+    if path is None:
+        return np.random.default_rng(seed).standard_normal((batch, *input_shape)).astype(np.float32)
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read input {path}: {e}; expected a .npy file written by numpy.save") from e
+    if arr.ndim == len(input_shape):  # one sample without the batch axis
+        arr = arr[None]
+    return arr
+
+
+def infer(
+    build_dir: Path = typer.Argument(..., help="A build directory made by `veo-edge build`."),
+    input_file: Path = typer.Option(None, "--input", "-i", help="Input .npy (one sample or a batch)."),
+    batch: int = typer.Option(1, "--batch", help="Batch size of the seeded random input (without --input)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random input."),
+    backend: str = typer.Option("openvino", "--backend", "-b", help="openvino or onnxruntime."),
+    top_k: int = typer.Option(5, "--top-k", help="Classes to show per sample."),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Run an input through a build and print the top classes."""
+    import numpy as np
+
+    from veo_edge.builddir import BuildDir
+    from veo_edge.runtime.loaders import cpu_runner
+
+    build = BuildDir.open(build_dir)
+    x = load_input(input_file, batch, seed, tuple(build.manifest["input_shape"]))
+    with cpu_runner(build, backend) as runner:
+        start = time.perf_counter()
+        outputs = runner.infer(x)
+        latency_ms = (time.perf_counter() - start) * 1e3
+        described = runner.describe()
+    logits = next(iter(outputs.values()))
+    k = min(top_k, logits.shape[-1])
+    top = np.argsort(-logits, axis=-1)[:, :k]
+    result = {
+        "model": build.model_name,
+        "backend": described,
+        "input_shape": list(x.shape),
+        "output_shape": list(logits.shape),
+        "latency_ms": round(latency_ms, 3),
+        "top_k": [
+            [{"class": int(c), "logit": float(logits[i, c])} for c in row] for i, row in enumerate(top)
+        ],
+    }
+    if json_out:
+        print_json(result)
+        return
+    c = console()
+    c.print(
+        f"{build.model_name} on {backend}: input {tuple(x.shape)} -> output {tuple(logits.shape)} "
+        f"in {latency_ms:.1f} ms"
+    )
+    for i, row in enumerate(result["top_k"][:8]):
+        c.print(f"  sample {i}: " + ", ".join(f"{t['class']} ({t['logit']:.3f})" for t in row))
+    if len(result["top_k"]) > 8:
+        c.print(f"  ... {len(result['top_k']) - 8} more samples (use --json for all)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("infer")(infer)

@@ -1,0 +1,71 @@
+"""The ``veo-edge`` command: assembles the command groups, turns errors into one line and an exit code."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from veo_edge import __version__
+from veo_edge.cli import build, doctor, infer
+from veo_edge.cli._common import State, console
+
+app = typer.Typer(
+    name="veo-edge",
+    help="Vision Transformers from PyTorch to a monitored TensorRT / OpenVINO inference service.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"veo-edge {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks (also VEO_EDGE_DEBUG=1)."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    if debug:
+        State.debug = True
+
+
+build.register(app)
+infer.register(app)
+doctor.register(app)
+
+#: exit code for a bug in veo-edge itself (sysexits' EX_SOFTWARE)
+INTERNAL_ERROR = 70
+
+
+def main(argv: list[str] | None = None) -> None:
+    from veo_edge.errors import VeoEdgeError
+
+    try:
+        app(args=argv, prog_name="veo-edge")
+    except VeoEdgeError as e:
+        if State.debug:
+            raise
+        console(stderr=True).print(f"[bold red]error:[/] {e}", soft_wrap=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        console(stderr=True).print("[yellow]interrupted[/]")
+        sys.exit(130)
+    except Exception as e:
+        if State.debug:
+            raise
+        console(stderr=True).print(
+            f"[bold red]internal error:[/] {type(e).__name__}: {e} (run with --debug for the traceback)",
+            soft_wrap=True,
+        )
+        sys.exit(INTERNAL_ERROR)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""One exception hierarchy for veo-edge.
+
+Every error a user can cause or act on derives from :class:`VeoEdgeError`. The CLI prints each as one
+line and exits with the class's ``exit_code``; the traceback shows only with ``--debug`` or
+``VEO_EDGE_DEBUG=1``. Messages say what was wrong, what was received, what was expected, and what to
+do next.
+"""
+
+from __future__ import annotations
+
+
+class VeoEdgeError(Exception):
+    """Base of every veo-edge error."""
+
+    exit_code = 1
+
+
+class UsageError(VeoEdgeError):
+    """A command-line or API argument is invalid (unknown model, bad shape string, ...)."""
+
+    exit_code = 2
+
+
+class ModelLoadError(VeoEdgeError):
+    """A model, checkpoint or ONNX file could not be loaded."""
+
+    exit_code = 3
+
+
+class InputError(VeoEdgeError):
+    """An input tensor does not match what the model declares (name, shape, dtype)."""
+
+    exit_code = 4
+
+
+class OutputExistsError(VeoEdgeError):
+    """The output directory exists and ``--force`` was not given."""
+
+    exit_code = 5
+
+
+class ParityError(VeoEdgeError):
+    """Two implementations of the same model disagree beyond tolerance."""
+
+    exit_code = 6
+
+
+class BuildDirError(VeoEdgeError):
+    """A build directory is missing, incomplete or corrupt."""
+
+    exit_code = 7
+
+
+class BackendUnavailableError(VeoEdgeError):
+    """A runtime backend cannot be used on this machine (library, device or memory missing)."""
+
+    exit_code = 8
+
+
+class BackendError(VeoEdgeError):
+    """A runtime backend failed while running (out of memory, device lost, ...)."""
+
+    exit_code = 9
+
+
+class OverloadedError(VeoEdgeError):
+    """The request queue is full; retry later or add capacity."""
+
+    exit_code = 10

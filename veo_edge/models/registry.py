@@ -1,0 +1,104 @@
+"""Registry of the built-in models, timm-style: one small function per variant with an explicit config."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from veo_edge.errors import UsageError
+from veo_edge.models.config import ViTConfig
+
+if TYPE_CHECKING:
+    from torch import nn
+
+DEFAULT_MODEL = "vit-tiny"
+
+_REGISTRY: dict[str, Callable[[], ViTConfig]] = {}
+
+
+def register(name: str) -> Callable[[Callable[[], ViTConfig]], Callable[[], ViTConfig]]:
+    def deco(fn: Callable[[], ViTConfig]) -> Callable[[], ViTConfig]:
+        if name in _REGISTRY:
+            raise ValueError(f"model {name!r} is registered twice")
+        _REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+def list_models() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_config(name: str) -> ViTConfig:
+    try:
+        return _REGISTRY[name]()
+    except KeyError:
+        raise UsageError(f"unknown model {name!r}; choose one of: {', '.join(list_models())}") from None
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    name: str
+    config: ViTConfig
+    module: nn.Module
+
+
+def create_model(name: str, seed: int = 0) -> BuiltModel:
+    """Instantiate a registered variant in eval mode with weights initialised from ``seed``."""
+    cfg = get_config(name)
+    from veo_edge.models.vit import VisionTransformer, init_weights
+
+    module = VisionTransformer(cfg)
+    init_weights(module, seed)
+    return BuiltModel(name=name, config=cfg, module=module.eval())
+
+
+@register("vit-nano")
+def vit_nano() -> ViTConfig:
+    """A 2-block ViT on 32x32 images for fast tests."""
+    return ViTConfig(img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=2, num_heads=2)
+
+
+@register("vit-tiny")
+def vit_tiny() -> ViTConfig:
+    """ViT-Ti/16 at 224x224 (DeiT-Tiny shape): 192-dim, 12 blocks, 3 heads."""
+    return ViTConfig(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3)
+
+
+@register("veo-video-tiny")
+def veo_video_tiny() -> ViTConfig:
+    """Video ViT, 8 frames of 112x112, 2x16x16 tubelets, joint space-time attention, VideoMAE-style:
+    no cls token, fixed sinusoidal positions, mean pooling."""
+    return ViTConfig(
+        img_size=112,
+        patch_size=16,
+        num_frames=8,
+        tubelet_size=2,
+        num_classes=400,
+        embed_dim=192,
+        depth=12,
+        num_heads=3,
+        class_token=False,
+        pos_embed="sincos",
+        global_pool="avg",
+    )
+
+
+@register("veo-video-nano")
+def veo_video_nano() -> ViTConfig:
+    """A 2-block video ViT (4 frames of 32x32) for fast tests."""
+    return ViTConfig(
+        img_size=32,
+        patch_size=8,
+        num_frames=4,
+        tubelet_size=2,
+        num_classes=10,
+        embed_dim=64,
+        depth=2,
+        num_heads=2,
+        class_token=False,
+        pos_embed="sincos",
+        global_pool="avg",
+    )

@@ -1,0 +1,222 @@
+"""``veo-edge build``: the stages from a model to a verified build directory.
+
+Each stage does its work once and hands what it made to the next: the ONNX file is exported once, each
+backend is loaded once and serves both the parity check and the canary.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from veo_edge import __version__
+from veo_edge.builddir import BuildDir, artifact_entry, staged_output, write_manifest
+from veo_edge.errors import ParityError, UsageError
+from veo_edge.export.onnx_export import Exporter, OnnxExport, check_onnx
+from veo_edge.export.openvino_ir import OpenVinoConvert
+from veo_edge.export.parity import ParityStats, TorchReference, check_all, compare, seeded_inputs
+from veo_edge.export.source import BuiltinSource, LoadedModel, ModuleSource, OnnxSource
+from veo_edge.pipeline.progress import StageReporter
+
+Source = BuiltinSource | ModuleSource | OnnxSource
+
+#: seed of the golden canary input; fixed so that every build of a model has the same canary
+CANARY_SEED = 20_240_611
+PARITY_SEED = 1234
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    source: Source
+    out: Path | None = None  # default: ./<model name>
+    max_batch: int = 8
+    fp16: bool = False
+    force: bool = False
+    quiet: bool = False
+    opset: int = 17
+    exporter: Exporter = "torchscript"
+    plugins: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_batch <= 1024:
+            raise UsageError(f"--max-batch {self.max_batch} is out of range; expected 1..1024")
+
+
+@dataclass
+class BuildResult:
+    path: Path
+    manifest: dict[str, Any]
+    parity: list[ParityStats] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out: dict[str, str | None] = {"veo-edge": __version__, "python": platform.python_version()}
+    for dist in ("torch", "onnx", "onnxruntime", "openvino"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def run_build(opts: BuildOptions) -> BuildResult:
+    # resolve the output name first so that "already exists" fails before any slow work
+    if opts.out is not None and opts.out.exists() and not opts.force:
+        staged_output(opts.out, force=False).__enter__()  # raises OutputExistsError with the message
+    with StageReporter(quiet=opts.quiet) as rep:
+        with rep.stage("load", "Loading the model"):
+            loaded = opts.source.load()
+        out = opts.out or Path.cwd() / loaded.name
+        with staged_output(out, opts.force) as stage:
+            result = _build_into(stage, loaded, opts, rep)
+        result.path = out
+        return result
+
+
+def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: StageReporter) -> BuildResult:
+    from veo_edge.runtime.backends.onnxruntime import OnnxRuntimeRunner
+    from veo_edge.runtime.backends.openvino import OpenVinoRunner
+
+    onnx_path = stage / "model.onnx"
+    if loaded.module is not None:
+        with rep.stage("export", f"Exporting to ONNX ({opts.exporter}, opset {opts.opset})"):
+            OnnxExport(opset=opts.opset, exporter=opts.exporter, max_batch=opts.max_batch)(
+                loaded.module, loaded.input_shape, onnx_path
+            )
+    else:
+        with rep.stage("export", "Checking the ONNX model"):
+            shutil.copyfile(loaded.onnx_path, onnx_path)
+            check_onnx(onnx_path)
+
+    xml_path = stage / "openvino" / "model.xml"
+    xml_path.parent.mkdir()
+    precision = "fp16" if opts.fp16 else "fp32"
+    with rep.stage("openvino", f"Converting to OpenVINO IR ({precision})"):
+        OpenVinoConvert(fp16=opts.fp16)(onnx_path, xml_path)
+
+    ort = OnnxRuntimeRunner(onnx_path, max_batch=opts.max_batch).activate()
+    ov = OpenVinoRunner(xml_path, max_batch=opts.max_batch).activate()
+    try:
+        runs = {"onnxruntime": lambda x: _only(ort.infer(x)), "openvino": lambda x: _only(ov.infer(x))}
+        with rep.stage("parity", "Checking parity with PyTorch (batch 1 and max batch)"):
+            batches = (1, opts.max_batch) if opts.max_batch > 1 else (1,)
+            fp16 = frozenset({"openvino"}) if opts.fp16 else frozenset()
+            if loaded.module is not None:
+                reference: Any = TorchReference(loaded.module)
+                parity = check_all(runs, reference, loaded.input_shape, batches, PARITY_SEED, fp16)
+            else:
+                reference = _OnnxReference(runs.pop("onnxruntime"))
+                parity = check_all(runs, reference, loaded.input_shape, batches, PARITY_SEED, fp16)
+        with rep.stage("canary", "Recording the golden canary"):
+            canary = _write_canary(stage, loaded, reference, runs, parity)
+        inputs = [m.to_dict() for m in ort.input_metadata()]
+        outputs = [m.to_dict() for m in ort.output_metadata()]
+    finally:
+        ort.deactivate()
+        ov.deactivate()
+
+    artifacts = {
+        "onnx": artifact_entry(stage, onnx_path),
+        "openvino_xml": artifact_entry(stage, xml_path),
+        "openvino_bin": artifact_entry(stage, xml_path.with_suffix(".bin")),
+        "canary_input": artifact_entry(stage, stage / "canary" / "input.npy"),
+        "canary_expected": artifact_entry(stage, stage / "canary" / "expected.npy"),
+    }
+    manifest: dict[str, Any] = {
+        "model": {"name": loaded.name, "source": loaded.source, "config": loaded.config},
+        "inputs": [_dynamic(m) for m in inputs],
+        "outputs": [_dynamic(m) for m in outputs],
+        "input_shape": list(loaded.input_shape),
+        "max_batch": opts.max_batch,
+        "precision": precision,
+        "export": {
+            "exporter": opts.exporter if loaded.module is not None else "external",
+            "opset": opts.opset,
+        },
+        "artifacts": artifacts,
+        "parity": [s.to_dict() for s in parity],
+        "canary": canary,
+        "versions": versions(),
+        "timings_s": rep.timings,
+    }
+    plugin_lib = _plugin_library()
+    if plugin_lib is not None:
+        manifest["plugin_library"] = plugin_lib
+    write_manifest(stage, manifest)
+    return BuildResult(path=stage, manifest=manifest, parity=parity)
+
+
+def _only(outputs: dict[str, np.ndarray]) -> np.ndarray:
+    return next(iter(outputs.values()))
+
+
+def _dynamic(meta: dict[str, Any]) -> dict[str, Any]:
+    """Manifest form of a tensor: -1 marks the dynamic batch axis (as KServe and Triton write it)."""
+    return {**meta, "shape": [-1 if d is None else d for d in meta["shape"]]}
+
+
+class _OnnxReference:
+    """For an ONNX model made elsewhere there is no PyTorch: ONNX Runtime on the CPU is the reference,
+    and the baseline is the float32 rounding of its own output."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+
+    def __call__(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out = self.run(x).astype(np.float64)
+        eps = float(np.finfo(np.float32).eps) * 64 * (float(np.abs(out).max()) or 1.0)
+        return out, out + eps  # a baseline of 64 ulp of the largest output
+
+    def fp16_weights(self, x: np.ndarray) -> np.ndarray:
+        out, _ = self(x)
+        return out + float(np.finfo(np.float16).eps) * 8 * (float(np.abs(out).max()) or 1.0)
+
+
+def _write_canary(
+    stage: Path, loaded: LoadedModel, reference: Any, runs: dict[str, Any], parity: list[ParityStats]
+) -> dict[str, Any]:
+    """A fixed small input and its expected (PyTorch float32) output, which every backend must reproduce
+    within the build's batch-1 parity tolerance; the healthcheck runs it later."""
+    x = seeded_inputs(loaded.input_shape, 1, CANARY_SEED)
+    ref64, expected = reference(x)
+    atol = max(s.tolerance for s in parity if s.batch == 1)
+    # the expected output is float32, so allow for its own rounding against the float64 reference
+    atol += float(np.abs(expected.astype(np.float64) - ref64).max())
+    for name, run in runs.items():
+        stats = compare(name, run(x), expected.astype(np.float64), 0.0)
+        if stats.max_abs > atol:
+            raise ParityError(
+                f"canary check failed on {name}: max abs {stats.max_abs:.3g} > tolerance {atol:.3g}"
+            )
+    (stage / "canary").mkdir()
+    np.save(stage / "canary" / "input.npy", x)
+    np.save(stage / "canary" / "expected.npy", expected.astype(np.float32))
+    return {
+        "input": "canary/input.npy",
+        "expected": "canary/expected.npy",
+        "seed": CANARY_SEED,
+        "atol": atol,
+        "min_cosine": 0.999,
+    }
+
+
+def _plugin_library() -> dict[str, Any] | None:
+    """Path and sha256 of the TensorRT plugin library, when one has been built (see plugins/)."""
+    try:
+        from veo_edge.engine.plugin_library import find_plugin_library
+    except ImportError:  # the plugin library module is not there yet
+        return None
+    lib = find_plugin_library()
+    return None if lib is None else lib.to_manifest()
+
+
+def open_build(path: str | Path) -> BuildDir:
+    return BuildDir.open(path)

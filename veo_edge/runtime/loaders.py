@@ -1,0 +1,22 @@
+"""Runners for a build directory's artifacts, one per backend name (cheap: nothing loads until activate)."""
+
+from __future__ import annotations
+
+from veo_edge.builddir import BuildDir
+from veo_edge.errors import UsageError
+from veo_edge.runtime.backends.base import Runner
+
+CPU_BACKENDS = ("openvino", "onnxruntime")
+
+
+def cpu_runner(build: BuildDir, backend: str, threads: int | None = None) -> Runner:
+    """The CPU runner ``backend`` over ``build``'s plain artifacts."""
+    if backend == "openvino":
+        from veo_edge.runtime.backends.openvino import OpenVinoRunner
+
+        return OpenVinoRunner(build.artifact("openvino_xml"), max_batch=build.max_batch, threads=threads)
+    if backend == "onnxruntime":
+        from veo_edge.runtime.backends.onnxruntime import OnnxRuntimeRunner
+
+        return OnnxRuntimeRunner(build.artifact("onnx"), max_batch=build.max_batch, threads=threads)
+    raise UsageError(f"unknown CPU backend {backend!r}; choose one of: {', '.join(CPU_BACKENDS)}")

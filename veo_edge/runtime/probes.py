@@ -1,0 +1,171 @@
+"""What this machine can do, probed without side effects: each probe returns a :class:`Probe` that says
+whether the capability is there and, when it is not, why. ``veo-edge doctor`` prints them; the runtime's
+fallback policy uses the same probes to skip candidates with a reason."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    ok: bool
+    detail: str = ""  # what was found (versions, devices)
+    reason: str | None = None  # why not, when ok is False
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def probe_cpu() -> Probe:
+    flags: set[str] = set()
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")) and not flags:
+                flags = set(line.split(":", 1)[1].split())
+            elif line.startswith("model name") and model in ("", platform.machine()):
+                model = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    wanted = ["sse4_2", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "asimd", "sve"]
+    have = [f for f in wanted if f in flags]
+    return Probe(
+        "cpu",
+        True,
+        f"{model}, {os.cpu_count()} cores, {' '.join(have) or 'no SIMD flags read'}",
+        data={"model": model, "cores": os.cpu_count(), "arch": platform.machine(), "flags": have},
+    )
+
+
+def probe_gpu() -> Probe:
+    """NVIDIA GPUs through NVML (pynvml), with driver version and free memory per device."""
+    try:
+        import pynvml
+    except ImportError:
+        return Probe(
+            "gpu", False, reason="pynvml is not installed (pip install nvidia-ml-py), so NVML cannot be read"
+        )
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:
+        return Probe(
+            "gpu", False, reason=f"NVML did not initialise ({e}); no NVIDIA driver or GPU on this machine"
+        )
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else driver
+        devices = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            cc = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            devices.append(
+                {
+                    "index": i,
+                    "name": name.decode() if isinstance(name, bytes) else name,
+                    "compute_capability": f"{cc[0]}.{cc[1]}",
+                    "memory_total": int(mem.total),
+                    "memory_free": int(mem.free),
+                }
+            )
+    finally:
+        pynvml.nvmlShutdown()
+    if not devices:
+        return Probe("gpu", False, reason=f"NVIDIA driver {driver} found but no GPU", data={"driver": driver})
+    names = ", ".join(f"{d['name']} (sm_{d['compute_capability'].replace('.', '')})" for d in devices)
+    return Probe("gpu", True, f"{names}; driver {driver}", data={"driver": driver, "devices": devices})
+
+
+def probe_tensorrt() -> Probe:
+    try:
+        import tensorrt as trt
+    except ImportError as e:
+        return Probe("tensorrt", False, reason=f"the tensorrt Python package is not importable ({e})")
+    except Exception as e:  # present but broken (e.g. libnvinfer missing)
+        return Probe("tensorrt", False, reason=f"tensorrt failed to import: {type(e).__name__}: {e}")
+    return Probe("tensorrt", True, f"TensorRT {trt.__version__}", data={"version": trt.__version__})
+
+
+def probe_onnxruntime() -> Probe:
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        return Probe("onnxruntime", False, reason=f"onnxruntime is not importable ({e})")
+    providers = ort.get_available_providers()
+    return Probe(
+        "onnxruntime",
+        True,
+        f"ONNX Runtime {ort.__version__}; providers: {', '.join(providers)}",
+        data={"version": ort.__version__, "providers": providers},
+    )
+
+
+def probe_openvino() -> Probe:
+    try:
+        import openvino as ov
+    except ImportError as e:
+        return Probe("openvino", False, reason=f"openvino is not importable ({e})")
+    devices = ov.Core().available_devices
+    version = _version("openvino") or ov.get_version()
+    return Probe(
+        "openvino",
+        bool(devices),
+        f"OpenVINO {version}; devices: {', '.join(devices) or 'none'}",
+        reason=None if devices else "OpenVINO sees no device",
+        data={"version": version, "devices": devices},
+    )
+
+
+def probe_docker(timeout: float = 2.0) -> Probe:
+    """Docker engine reachable over its Unix socket (``DOCKER_HOST=unix://...`` or the default)."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if not host.startswith("unix://"):
+        return Probe(
+            "docker", False, reason=f"DOCKER_HOST={host} is not a unix socket; only local engines are probed"
+        )
+    path = host[len("unix://") :]
+    if not Path(path).exists():
+        return Probe("docker", False, reason=f"no Docker engine socket at {path}; is dockerd running?")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(path)
+            s.sendall(b"GET /version HTTP/1.0\r\nHost: docker\r\n\r\n")
+            reply = b""
+            while chunk := s.recv(65536):
+                reply += chunk
+    except OSError as e:
+        return Probe("docker", False, reason=f"Docker socket {path} did not answer: {e}")
+    head, _, body = reply.partition(b"\r\n\r\n")
+    if b" 200 " not in head.split(b"\r\n", 1)[0]:
+        return Probe("docker", False, reason=f"Docker engine at {path} answered {head[:60]!r}")
+    import json
+
+    try:
+        version = json.loads(body).get("Version", "?")
+    except ValueError:
+        version = "?"
+    return Probe(
+        "docker", True, f"Docker engine {version} at {path}", data={"version": version, "socket": path}
+    )
+
+
+def probe_all() -> list[Probe]:
+    return [probe_cpu(), probe_gpu(), probe_tensorrt(), probe_onnxruntime(), probe_openvino(), probe_docker()]
