@@ -1,0 +1,49 @@
+"""Shared fixtures: seeded RNGs and session-scoped builds of the small models (built once, reused).
+
+Tests that modify a build must copy it first (``copy_build``)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(0)
+
+
+def _build(tmp_path_factory: pytest.TempPathFactory, model: str, **kw) -> Path:
+    from veo_edge.export.source import BuiltinSource
+    from veo_edge.pipeline.build import BuildOptions, run_build
+
+    out = tmp_path_factory.mktemp("builds") / model
+    run_build(BuildOptions(source=BuiltinSource(model), out=out, quiet=True, **kw))
+    return out
+
+
+@pytest.fixture(scope="session")
+def nano_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished build of vit-nano (max batch 8). Read-only: use copy_build to change it."""
+    return _build(tmp_path_factory, "vit-nano")
+
+
+@pytest.fixture(scope="session")
+def video_nano_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished build of veo-video-nano (max batch 8). Read-only."""
+    return _build(tmp_path_factory, "veo-video-nano")
+
+
+@pytest.fixture
+def copy_build(tmp_path: Path):
+    """Copy a session build into this test's tmp dir, for tests that modify or corrupt it."""
+
+    def _copy(src: Path) -> Path:
+        dst = tmp_path / src.name
+        shutil.copytree(src, dst)
+        return dst
+
+    return _copy
