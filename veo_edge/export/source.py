@@ -48,6 +48,11 @@ class BuiltinSource:
     name: str
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        from veo_edge.models.registry import get_config
+
+        get_config(self.name)  # an unknown name fails here, before any slow work
+
     def load(self) -> LoadedModel:
         from veo_edge.models import create_model
 

@@ -48,9 +48,13 @@ class BuiltModel:
 def create_model(name: str, seed: int = 0) -> BuiltModel:
     """Instantiate a registered variant in eval mode with weights initialised from ``seed``."""
     cfg = get_config(name)
+    import torch
+
     from veo_edge.models.vit import VisionTransformer, init_weights
 
-    module = VisionTransformer(cfg)
+    # torch's default layer init draws from the global RNG; fork it so a build leaves the caller's alone
+    with torch.random.fork_rng(devices=[]):
+        module = VisionTransformer(cfg)
     init_weights(module, seed)
     return BuiltModel(name=name, config=cfg, module=module.eval())
 

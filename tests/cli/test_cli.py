@@ -1,0 +1,135 @@
+"""The CLI as a user runs it: a real subprocess, its exit code, stdout and stderr."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+HEAVY = ["torch", "tensorrt", "pynvml", "docker", "onnxruntime", "openvino", "onnx", "onnx_graphsurgeon"]
+
+
+def veo(*args, env=None, block=(), cwd=None, timeout=300):
+    """Run ``veo-edge`` in a fresh interpreter, optionally with some packages made unimportable."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        for name in {list(block)!r}:
+            sys.modules[name] = None  # any import of it raises ImportError
+        from veo_edge.cli.main import main
+        main({list(map(str, args))!r})
+        """
+    )
+    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    full_env.pop("VEO_EDGE_DEBUG", None)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, cwd=cwd,
+                          timeout=timeout)  # fmt: skip
+
+
+def test_help_works_without_any_heavy_dependency():
+    r = veo("--help", block=HEAVY)
+    assert r.returncode == 0, r.stderr
+    for command in ("build", "infer", "doctor"):
+        assert command in r.stdout
+
+
+def test_doctor_reports_what_is_missing_and_why_without_heavy_dependencies():
+    r = veo("doctor", "--json", block=HEAVY)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["cpu"]["ok"] is True
+    for name in ("gpu", "tensorrt", "openvino", "onnxruntime"):
+        assert report[name]["ok"] is False
+        assert report[name]["reason"], name
+    assert "pynvml" in report["gpu"]["reason"]
+
+
+def test_doctor_table_and_json_agree_on_this_machine():
+    r = veo("doctor", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["openvino"]["ok"] and "CPU" in report["openvino"]["data"]["devices"]
+    assert (
+        report["onnxruntime"]["ok"] and "CPUExecutionProvider" in report["onnxruntime"]["data"]["providers"]
+    )
+    table = veo("doctor")
+    assert table.returncode == 0
+    for name, probe in report.items():
+        assert name in table.stdout
+        assert ("ok" if probe["ok"] else "absent") in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["build", "--model", "vit-tny"], 2, "unknown model 'vit-tny'; choose one of: "),
+        (["build", "--onnx", "missing.onnx"], 3, "ONNX file missing.onnx does not exist"),
+        (["build", "--model", "vit-nano", "--onnx", "x.onnx"], 2, "--model and --onnx were both given"),
+        (["build", "--max-batch", "0", "--model", "vit-nano"], 2, "--max-batch 0 is out of range"),
+        (["build", "--input-shape", "3,a", "--module", "a:b"], 2, "is not a list of positive integers"),
+        (["infer", "nowhere"], 7, "build directory nowhere does not exist"),
+    ],
+)
+def test_bad_input_is_one_line_and_an_exit_code(tmp_path, args, code, message):
+    r = veo(*args, cwd=tmp_path)
+    assert r.returncode == code, r.stderr
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_corrupt_onnx_and_existing_output(tmp_path, nano_build):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08garbage")
+    r = veo("build", "--onnx", bad, "--out", tmp_path / "o", cwd=tmp_path)
+    assert r.returncode == 3 and "is unreadable or corrupt" in r.stderr
+    r = veo("build", "--model", "vit-nano", "--out", nano_build, cwd=tmp_path)
+    assert r.returncode == 5 and "already exists; pass --force to overwrite it" in r.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    r = veo("--debug", "build", "--model", "vit-tny", cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" in r.stderr and "UsageError" in r.stderr
+
+
+def test_infer_rejects_a_wrong_input_shape(tmp_path, nano_build):
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((2, 3, 16, 16), np.float32))
+    r = veo("infer", nano_build, "--input", x, "--backend", "openvino")
+    assert r.returncode == 4, r.stderr
+    assert "has shape (2, 3, 16, 16), expected input: float32[N, 3, 32, 32]" in r.stderr
+
+
+def test_infer_runs_a_npy_input_on_both_cpu_backends(tmp_path, nano_build):
+    x = tmp_path / "x.npy"
+    np.save(x, np.load(nano_build / "canary" / "input.npy")[0])  # one sample, no batch axis
+    expected = np.load(nano_build / "canary" / "expected.npy")[0]
+    for backend in ("openvino", "onnxruntime"):
+        r = veo("infer", nano_build, "--input", x, "--backend", backend, "--json", "--top-k", "3")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["output_shape"] == [1, 10]
+        assert [t["class"] for t in out["top_k"][0]] == list(np.argsort(-expected)[:3])
+
+
+@pytest.mark.slow
+def test_default_build_end_to_end_on_vit_tiny(tmp_path):
+    """What the README's first command runs: the default model, default output directory."""
+    r = veo("build", "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "vit-tiny" / "manifest.json").read_text())
+    assert m["model"]["name"] == "vit-tiny" and m["input_shape"] == [3, 224, 224]
+    assert all(p["passed"] for p in m["parity"])
+    assert m["outputs"][0]["shape"] == [-1, 1000]
+
+
+def test_successful_build_says_where_and_what_next(tmp_path):
+    r = veo("build", "--model", "veo-video-nano", "--max-batch", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"-> {tmp_path / 'veo-video-nano'}" in r.stdout
+    assert "Next: veo-edge infer" in r.stdout
+    assert "Checking parity with PyTorch" in r.stderr  # the progress display goes to stderr
+    quiet = veo("build", "--model", "veo-video-nano", "--force", "--quiet", cwd=tmp_path)
+    assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
