@@ -11,7 +11,7 @@ setup:
 
 # set up, then build the built-in default model (vit-tiny) into ./vit-tiny
 demo: setup
-	veo-edge build --force
+	$(PYTHON) -m veo_edge build --force
 
 # the C++ half: memory pool + tests always, CUDA kernels where nvcc is, TensorRT glue where TensorRT is
 plugins:
