@@ -1,0 +1,330 @@
+#include "memPool.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+
+namespace veo
+{
+
+void* HostBackend::reserve(std::size_t bytes)
+{
+    void* p = std::aligned_alloc(MemPool::kALIGNMENT, bytes);
+    if (p == nullptr)
+    {
+        std::ostringstream msg;
+        msg << "host backend could not reserve " << bytes << " bytes; ask for a smaller pool capacity";
+        throw PoolError(PoolError::Code::kOUT_OF_MEMORY, msg.str());
+    }
+    return p;
+}
+
+void HostBackend::release(void* base, std::size_t) noexcept
+{
+    std::free(base);
+}
+
+MemPool::MemPool(std::unique_ptr<PoolBackend> backend, std::size_t capacity)
+    : mBackend(std::move(backend))
+{
+    if (!mBackend)
+    {
+        throw PoolError(PoolError::Code::kINVALID_ARGUMENT, "memory pool needs a backend, got none");
+    }
+    if (capacity == 0)
+    {
+        throw PoolError(PoolError::Code::kINVALID_ARGUMENT,
+            "memory pool capacity is 0 bytes; pass the bytes to reserve (design: 4x the max-batch activation need)");
+    }
+    addRegion(alignUp(capacity, kALIGNMENT));
+}
+
+MemPool::~MemPool()
+{
+    for (auto const& p : mPending)
+    {
+        mBackend->destroyFence(p.fence);
+    }
+    for (auto const& r : mRegions)
+    {
+        mBackend->release(r.first, r.second);
+    }
+}
+
+void MemPool::addRegion(std::size_t bytes)
+{
+    void* base = mBackend->reserve(bytes);
+    auto const addr = reinterpret_cast<std::uintptr_t>(base);
+    if (addr % kALIGNMENT != 0)
+    {
+        mBackend->release(base, bytes);
+        throw PoolError(PoolError::Code::kBACKEND_UNAVAILABLE, "backend returned memory that is not 256-byte aligned");
+    }
+    auto const region = static_cast<std::uint32_t>(mRegions.size());
+    mRegions.emplace_back(base, bytes);
+    mBlocks.emplace(addr, Block{bytes, region, true});
+    mFree.emplace(bytes, addr);
+    mStats.capacity += bytes;
+    mStats.regionCount = mRegions.size();
+}
+
+void MemPool::eraseFreeIndexLocked(std::uintptr_t addr, std::size_t size)
+{
+    auto range = mFree.equal_range(size);
+    for (auto it = range.first; it != range.second; ++it)
+    {
+        if (it->second == addr)
+        {
+            mFree.erase(it);
+            return;
+        }
+    }
+}
+
+void* MemPool::takeLocked(FreeIndex::iterator it, std::size_t bytes)
+{
+    std::uintptr_t const addr = it->second;
+    mFree.erase(it);
+    Block& b = mBlocks.at(addr);
+    if (b.size > bytes)
+    {
+        std::uintptr_t const rest = addr + bytes;
+        mBlocks.emplace(rest, Block{b.size - bytes, b.region, true});
+        mFree.emplace(b.size - bytes, rest);
+        b.size = bytes;
+    }
+    b.free = false;
+    return reinterpret_cast<void*>(addr);
+}
+
+void MemPool::makeFreeLocked(std::uintptr_t addr)
+{
+    auto it = mBlocks.find(addr);
+    it->second.free = true;
+    // Coalesce with the next block, then with the previous one, never across regions.
+    auto next = std::next(it);
+    if (next != mBlocks.end() && next->second.free && next->second.region == it->second.region
+        && it->first + it->second.size == next->first)
+    {
+        eraseFreeIndexLocked(next->first, next->second.size);
+        it->second.size += next->second.size;
+        mBlocks.erase(next);
+    }
+    if (it != mBlocks.begin())
+    {
+        auto prev = std::prev(it);
+        if (prev->second.free && prev->second.region == it->second.region
+            && prev->first + prev->second.size == it->first)
+        {
+            eraseFreeIndexLocked(prev->first, prev->second.size);
+            prev->second.size += it->second.size;
+            mBlocks.erase(it);
+            it = prev;
+        }
+    }
+    mFree.emplace(it->second.size, it->first);
+}
+
+void MemPool::reclaimLocked()
+{
+    auto keep = mPending.begin();
+    for (auto& p : mPending)
+    {
+        if (mBackend->fenceDone(p.fence))
+        {
+            mBackend->destroyFence(p.fence);
+            mStats.pendingFree -= mBlocks.at(p.addr).size;
+            makeFreeLocked(p.addr);
+        }
+        else
+        {
+            *keep++ = p;
+        }
+    }
+    mPending.erase(keep, mPending.end());
+}
+
+void* MemPool::allocate(std::size_t bytes, void* stream)
+{
+    if (bytes == 0)
+    {
+        throw PoolError(PoolError::Code::kINVALID_ARGUMENT, "cannot allocate 0 bytes from the memory pool; ask for > 0");
+    }
+    std::size_t const need = alignUp(bytes, kALIGNMENT);
+    std::lock_guard<std::mutex> lock(mMutex);
+    if (!mPending.empty())
+    {
+        reclaimLocked();
+    }
+    void* p = nullptr;
+    auto it = mFree.lower_bound(need); // best fit: the smallest free block that holds `need`
+    if (it != mFree.end())
+    {
+        p = takeLocked(it, need);
+    }
+    if (p == nullptr && stream != nullptr)
+    {
+        // Same-stream reuse of a pending slice: stream order makes it safe. Taken whole (not split), so
+        // no part of a pending slice ever reaches another stream early.
+        auto best = mPending.end();
+        for (auto pit = mPending.begin(); pit != mPending.end(); ++pit)
+        {
+            std::size_t const sz = mBlocks.at(pit->addr).size;
+            if (pit->stream == stream && sz >= need && (best == mPending.end() || sz < mBlocks.at(best->addr).size))
+            {
+                best = pit;
+            }
+        }
+        if (best != mPending.end())
+        {
+            p = reinterpret_cast<void*>(best->addr);
+            mStats.pendingFree -= mBlocks.at(best->addr).size;
+            mBackend->destroyFence(best->fence);
+            mPending.erase(best);
+        }
+    }
+    if (p == nullptr)
+    {
+        if (!mOverflowAllowed)
+        {
+            std::ostringstream msg;
+            msg << "memory pool exhausted: asked for " << need << " bytes, largest free slice is "
+                << (mFree.empty() ? 0 : mFree.rbegin()->first) << " of " << mStats.capacity
+                << " reserved; create the pool with a larger capacity or allow overflow";
+            throw PoolError(PoolError::Code::kOUT_OF_MEMORY, msg.str());
+        }
+        addRegion(need);
+        ++mStats.overflowCount;
+        p = takeLocked(mFree.lower_bound(need), need); // the new region's block: nothing else fit
+    }
+    std::size_t const got = mBlocks.at(reinterpret_cast<std::uintptr_t>(p)).size;
+    mStats.inUse += got;
+    mStats.peakInUse = std::max(mStats.peakInUse, mStats.inUse);
+    ++mStats.allocCount;
+    return p;
+}
+
+void MemPool::free(void* ptr, void* stream)
+{
+    if (ptr == nullptr)
+    {
+        return;
+    }
+    auto const addr = reinterpret_cast<std::uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(mMutex);
+    auto it = mBlocks.find(addr);
+    bool pending = false;
+    for (auto const& p : mPending)
+    {
+        pending = pending || p.addr == addr;
+    }
+    if (it == mBlocks.end() || it->second.free || pending)
+    {
+        std::ostringstream msg;
+        msg << "pointer " << ptr << " is not a live slice of this memory pool (double free, or memory from "
+            << "elsewhere); free only what this pool's allocate returned, once";
+        throw PoolError(PoolError::Code::kUNKNOWN_POINTER, msg.str());
+    }
+    mStats.inUse -= it->second.size;
+    ++mStats.freeCount;
+    void* fence = stream != nullptr ? mBackend->recordFence(stream) : nullptr;
+    if (fence == nullptr)
+    {
+        makeFreeLocked(addr);
+        return;
+    }
+    mPending.push_back(Pending{addr, stream, fence});
+    mStats.pendingFree += it->second.size;
+}
+
+std::size_t MemPool::sliceSize(void const* ptr) const
+{
+    std::lock_guard<std::mutex> lock(mMutex);
+    auto it = mBlocks.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (it == mBlocks.end() || it->second.free)
+    {
+        throw PoolError(PoolError::Code::kUNKNOWN_POINTER, "pointer is not a live slice of this memory pool");
+    }
+    return it->second.size;
+}
+
+PoolStats MemPool::stats() const
+{
+    std::lock_guard<std::mutex> lock(mMutex);
+    PoolStats s = mStats;
+    s.totalFree = 0;
+    for (auto const& f : mFree)
+    {
+        s.totalFree += f.first;
+    }
+    s.largestFree = mFree.empty() ? 0 : mFree.rbegin()->first;
+    s.fragmentation = s.totalFree == 0 ? 0.0 : 1.0 - double(s.largestFree) / double(s.totalFree);
+    return s;
+}
+
+void MemPool::setOverflowAllowed(bool allowed)
+{
+    std::lock_guard<std::mutex> lock(mMutex);
+    mOverflowAllowed = allowed;
+}
+
+std::string MemPool::checkInvariants() const
+{
+    std::lock_guard<std::mutex> lock(mMutex);
+    std::ostringstream err;
+    std::vector<std::size_t> covered(mRegions.size(), 0);
+    std::uintptr_t prevEnd = 0;
+    std::size_t freeBlocks = 0;
+    std::uint64_t used = 0;
+    for (auto const& kv : mBlocks)
+    {
+        auto const& b = kv.second;
+        if (kv.first % kALIGNMENT != 0 || b.size % kALIGNMENT != 0 || b.size == 0)
+        {
+            err << "block " << kv.first << " misaligned or empty; ";
+        }
+        if (kv.first < prevEnd)
+        {
+            err << "block " << kv.first << " overlaps its predecessor; ";
+        }
+        prevEnd = kv.first + b.size;
+        auto const base = reinterpret_cast<std::uintptr_t>(mRegions.at(b.region).first);
+        if (kv.first < base || prevEnd > base + mRegions[b.region].second)
+        {
+            err << "block " << kv.first << " outside its region; ";
+        }
+        covered[b.region] += b.size;
+        if (b.free)
+        {
+            ++freeBlocks;
+            auto next = mBlocks.upper_bound(kv.first);
+            if (next != mBlocks.end() && next->second.free && next->second.region == b.region
+                && next->first == prevEnd)
+            {
+                err << "free blocks " << kv.first << " and " << next->first << " not coalesced; ";
+            }
+        }
+        else
+        {
+            used += b.size;
+        }
+    }
+    for (std::size_t r = 0; r < mRegions.size(); ++r)
+    {
+        if (covered[r] != mRegions[r].second)
+        {
+            err << "region " << r << " not tiled by its blocks; ";
+        }
+    }
+    if (freeBlocks != mFree.size())
+    {
+        err << "free index has " << mFree.size() << " entries for " << freeBlocks << " free blocks; ";
+    }
+    if (used != mStats.inUse + mStats.pendingFree)
+    {
+        err << "in-use accounting " << mStats.inUse << "+" << mStats.pendingFree << " != " << used << "; ";
+    }
+    return err.str();
+}
+
+} // namespace veo

@@ -1,0 +1,337 @@
+// Unit tests of the memory pool on the host backend (and a fake backend with controllable fences).
+#include "memPool.h"
+#include "testHarness.h"
+#include "veoMempool.h"
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <random>
+#include <thread>
+
+using veo::MemPool;
+using veo::PoolError;
+
+namespace
+{
+std::unique_ptr<MemPool> hostPool(std::size_t cap)
+{
+    return std::make_unique<MemPool>(std::make_unique<veo::HostBackend>(), cap);
+}
+
+void requireSound(MemPool const& pool)
+{
+    std::string const bad = pool.checkInvariants();
+    if (!bad.empty())
+    {
+        throw veo::test::Failure{"pool invariants broken: " + bad};
+    }
+}
+
+//! Host memory, but a free on a stream stays pending until the test completes that stream's fences.
+class FencedBackend : public veo::HostBackend
+{
+public:
+    std::map<void*, bool> done; // fence -> completed
+    int next{1};
+    void* recordFence(void* stream) override
+    {
+        void* f = reinterpret_cast<void*>(static_cast<std::uintptr_t>(next++) << 8);
+        done[f] = false;
+        (void) stream;
+        return f;
+    }
+    bool fenceDone(void* f) override { return done.at(f); }
+    void destroyFence(void* f) noexcept override { done.erase(f); }
+    void completeAll()
+    {
+        for (auto& kv : done)
+        {
+            kv.second = true;
+        }
+    }
+};
+} // namespace
+
+VEO_TEST(alignment)
+{
+    auto pool = hostPool(64 << 20);
+    std::mt19937 rng(1234);
+    std::uniform_int_distribution<std::size_t> size(1, 300000);
+    std::vector<void*> live;
+    for (int i = 0; i < 200; ++i)
+    {
+        std::size_t const n = size(rng);
+        void* p = pool->allocate(n);
+        VEO_CHECK_EQ(reinterpret_cast<std::uintptr_t>(p) % 256, 0u);
+        VEO_CHECK(pool->sliceSize(p) >= n);
+        VEO_CHECK_EQ(pool->sliceSize(p) % 256, 0u);
+        live.push_back(p);
+    }
+    for (void* p : live)
+    {
+        pool->free(p);
+    }
+    VEO_CHECK_EQ(pool->stats().inUse, 0u);
+    requireSound(*pool);
+}
+
+VEO_TEST(random_trace_no_overlap)
+{
+    for (unsigned seed : {1u, 2u, 3u, 42u, 2024u})
+    {
+        auto pool = hostPool(16 << 20);
+        std::mt19937 rng(seed);
+        std::uniform_int_distribution<std::size_t> size(1, 200000);
+        std::map<std::uintptr_t, std::pair<std::size_t, unsigned char>> live; // addr -> (bytes, fill)
+        for (int op = 0; op < 20000; ++op)
+        {
+            bool const doAlloc = live.empty() || (live.size() < 32 && rng() % 2 == 0);
+            if (doAlloc)
+            {
+                std::size_t const n = size(rng);
+                auto const p = reinterpret_cast<std::uintptr_t>(pool->allocate(n));
+                auto after = live.lower_bound(p);
+                VEO_CHECK(after == live.end() || p + n <= after->first);
+                if (after != live.begin())
+                {
+                    auto before = std::prev(after);
+                    VEO_CHECK(before->first + before->second.first <= p);
+                }
+                auto const fill = static_cast<unsigned char>(rng());
+                std::memset(reinterpret_cast<void*>(p), fill, n);
+                live[p] = {n, fill};
+            }
+            else
+            {
+                auto it = live.begin();
+                std::advance(it, rng() % live.size());
+                auto const* bytes = reinterpret_cast<unsigned char const*>(it->first);
+                for (std::size_t i = 0; i < it->second.first; i += 97)
+                {
+                    VEO_CHECK_EQ(int(bytes[i]), int(it->second.second)); // nobody else wrote into it
+                }
+                pool->free(reinterpret_cast<void*>(it->first));
+                live.erase(it);
+            }
+            if (op % 1000 == 0)
+            {
+                requireSound(*pool);
+            }
+        }
+        for (auto const& kv : live)
+        {
+            pool->free(reinterpret_cast<void*>(kv.first));
+        }
+        requireSound(*pool);
+        auto const s = pool->stats();
+        VEO_CHECK_EQ(s.inUse, 0u);
+        // Everything coalesces back: one free block per region.
+        VEO_CHECK_EQ(s.overflowCount, 0u);
+        VEO_CHECK_EQ(s.largestFree, s.capacity); // everything coalesced back into one block
+    }
+}
+
+VEO_TEST(coalescing)
+{
+    std::size_t const cap = 4096 * 256;
+    auto pool = hostPool(cap);
+    void* a = pool->allocate(cap / 4);
+    void* b = pool->allocate(cap / 4);
+    void* c = pool->allocate(cap / 4);
+    void* d = pool->allocate(cap / 4);
+    VEO_CHECK_EQ(pool->stats().totalFree, 0u);
+    VEO_CHECK_EQ(pool->stats().fragmentation, 0.0);
+    pool->free(a);
+    pool->free(c);
+    auto s = pool->stats();
+    VEO_CHECK_EQ(s.totalFree, cap / 2);
+    VEO_CHECK_EQ(s.largestFree, cap / 4);
+    VEO_CHECK_EQ(s.fragmentation, 0.5);
+    pool->free(b); // joins a and c
+    s = pool->stats();
+    VEO_CHECK_EQ(s.largestFree, 3 * cap / 4);
+    VEO_CHECK_EQ(s.fragmentation, 0.0);
+    pool->free(d);
+    s = pool->stats();
+    VEO_CHECK_EQ(s.largestFree, cap);
+    VEO_CHECK_EQ(s.peakInUse, cap);
+    // The whole region is one block again: a full-size allocation fits without overflow.
+    void* all = pool->allocate(cap);
+    VEO_CHECK_EQ(pool->stats().overflowCount, 0u);
+    pool->free(all);
+    requireSound(*pool);
+}
+
+VEO_TEST(best_fit)
+{
+    auto pool = hostPool(1 << 20);
+    void* a = pool->allocate(4096);
+    void* sep1 = pool->allocate(256);
+    void* b = pool->allocate(1024);
+    void* sep2 = pool->allocate(256);
+    pool->free(a);
+    pool->free(b);
+    VEO_CHECK_EQ(pool->allocate(1000), b); // the 1024 hole, not the 4096 one nor the tail
+    VEO_CHECK_EQ(pool->allocate(4000), a);
+    (void) sep1;
+    (void) sep2;
+    requireSound(*pool);
+}
+
+VEO_TEST(exhaustion_overflow_counted)
+{
+    auto pool = hostPool(1 << 16);
+    void* a = pool->allocate(1 << 16);
+    VEO_CHECK_EQ(pool->stats().overflowCount, 0u);
+    void* b = pool->allocate(1000); // exhausted: explicit overflow region
+    auto s = pool->stats();
+    VEO_CHECK_EQ(s.overflowCount, 1u);
+    VEO_CHECK_EQ(s.regionCount, 2u);
+    VEO_CHECK_EQ(s.capacity, (1u << 16) + 1024u);
+    pool->free(b);
+    void* c = pool->allocate(1024); // reuses the overflow region, no further growth
+    VEO_CHECK_EQ(pool->stats().overflowCount, 1u);
+    pool->setOverflowAllowed(false);
+    VEO_CHECK_THROWS(pool->allocate(1 << 20), PoolError, "memory pool exhausted: asked for 1048576 bytes");
+    pool->free(a);
+    pool->free(c);
+    VEO_CHECK_EQ(pool->stats().capacity, (1u << 16) + 1024u); // never returned while the pool lives
+    requireSound(*pool);
+}
+
+VEO_TEST(bad_frees_are_reported)
+{
+    auto pool = hostPool(1 << 16);
+    void* a = pool->allocate(100);
+    pool->free(a);
+    VEO_CHECK_THROWS(pool->free(a), PoolError, "not a live slice");
+    int x = 0;
+    VEO_CHECK_THROWS(pool->free(&x), PoolError, "double free, or memory from elsewhere");
+    VEO_CHECK_THROWS(pool->allocate(0), PoolError, "cannot allocate 0 bytes");
+    VEO_CHECK_THROWS(hostPool(0), PoolError, "capacity is 0 bytes");
+}
+
+VEO_TEST(stream_ordered_free)
+{
+    auto backend = std::make_unique<FencedBackend>();
+    FencedBackend* fb = backend.get();
+    MemPool pool(std::move(backend), 4096);
+    void* s1 = reinterpret_cast<void*>(0x100);
+    void* s2 = reinterpret_cast<void*>(0x200);
+    void* a = pool.allocate(4096, s1);
+    pool.free(a, s1);
+    VEO_CHECK_EQ(pool.stats().pendingFree, 4096u);
+    // Another stream must not get the slice before s1 passed the free: it overflows instead.
+    void* b = pool.allocate(4096, s2);
+    VEO_CHECK(b != a);
+    VEO_CHECK_EQ(pool.stats().overflowCount, 1u);
+    // The same stream may reuse it at once (stream order).
+    void* c = pool.allocate(4096, s1);
+    VEO_CHECK_EQ(c, a);
+    pool.free(c, s1);
+    pool.free(b, s2);
+    fb->completeAll();
+    void* d = pool.allocate(4096, s2); // fences done: reclaimed for everyone
+    VEO_CHECK_EQ(pool.stats().overflowCount, 1u);
+    VEO_CHECK_EQ(pool.stats().pendingFree, 0u);
+    pool.free(d);
+    requireSound(pool);
+}
+
+VEO_TEST(thread_safety)
+{
+    auto pool = hostPool(32 << 20);
+    std::atomic<int> errors{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t)
+    {
+        threads.emplace_back([&, t] {
+            std::mt19937 rng(100 + t);
+            std::vector<std::pair<unsigned char*, std::size_t>> mine;
+            for (int i = 0; i < 20000; ++i)
+            {
+                if (mine.size() < 16 && (rng() % 2 == 0 || mine.empty()))
+                {
+                    std::size_t const n = 1 + rng() % 65536;
+                    auto* p = static_cast<unsigned char*>(pool->allocate(n));
+                    std::memset(p, t + 1, n);
+                    mine.emplace_back(p, n);
+                }
+                else
+                {
+                    auto [p, n] = mine.back();
+                    mine.pop_back();
+                    if (p[0] != t + 1 || p[n - 1] != t + 1 || p[n / 2] != t + 1)
+                    {
+                        ++errors; // another thread wrote into this thread's slice
+                    }
+                    pool->free(p);
+                }
+            }
+            for (auto [p, n] : mine)
+            {
+                pool->free(p);
+            }
+        });
+    }
+    for (auto& th : threads)
+    {
+        th.join();
+    }
+    VEO_CHECK_EQ(errors.load(), 0);
+    VEO_CHECK_EQ(pool->stats().inUse, 0u);
+    VEO_CHECK_EQ(pool->stats().overflowCount, 0u);
+    requireSound(*pool);
+}
+
+VEO_TEST(zero_growth_million_cycles)
+{
+    auto pool = hostPool(16 << 20);
+    std::mt19937 rng(7);
+    void* held[4] = {};
+    for (int i = 0; i < 1000000; ++i)
+    {
+        int const slot = i % 4;
+        if (held[slot] != nullptr)
+        {
+            pool->free(held[slot]);
+        }
+        held[slot] = pool->allocate(1 + rng() % (1 << 20));
+    }
+    for (void* p : held)
+    {
+        pool->free(p);
+    }
+    auto const s = pool->stats();
+    VEO_CHECK_EQ(s.allocCount, 1000000u);
+    VEO_CHECK_EQ(s.capacity, 16u << 20);
+    VEO_CHECK_EQ(s.regionCount, 1u);
+    VEO_CHECK_EQ(s.overflowCount, 0u);
+    VEO_CHECK_EQ(s.inUse, 0u);
+    VEO_CHECK_EQ(s.largestFree, 16u << 20);
+    requireSound(*pool);
+}
+
+VEO_TEST(c_abi)
+{
+    veo_mempool* pool = nullptr;
+    VEO_CHECK_EQ(veo_mempool_create(7, 1024, &pool), int(VEO_MEMPOOL_INVALID_ARGUMENT));
+    VEO_CHECK(std::string(veo_mempool_last_error()).find("expected 0 (host) or 1 (cuda)") != std::string::npos);
+    VEO_CHECK_EQ(veo_mempool_create(VEO_MEMPOOL_HOST, 1000, &pool), int(VEO_MEMPOOL_OK));
+    void* p = nullptr;
+    VEO_CHECK_EQ(veo_mempool_alloc(pool, 10, nullptr, &p), int(VEO_MEMPOOL_OK));
+    VEO_CHECK_EQ(reinterpret_cast<std::uintptr_t>(p) % 256, 0u);
+    veo_mempool_stats s{};
+    VEO_CHECK_EQ(veo_mempool_get_stats(pool, &s), int(VEO_MEMPOOL_OK));
+    VEO_CHECK_EQ(s.capacity, 1024u);
+    VEO_CHECK_EQ(s.in_use, 256u);
+    VEO_CHECK_EQ(veo_mempool_free(pool, p, nullptr), int(VEO_MEMPOOL_OK));
+    VEO_CHECK_EQ(veo_mempool_free(pool, p, nullptr), int(VEO_MEMPOOL_UNKNOWN_POINTER));
+    char buf[256];
+    VEO_CHECK_EQ(veo_mempool_check(pool, buf, sizeof(buf)), int(VEO_MEMPOOL_OK));
+    VEO_CHECK_EQ(std::string(buf), std::string());
+    VEO_CHECK_EQ(veo_mempool_destroy(pool), int(VEO_MEMPOOL_OK));
+}
+
+VEO_TEST_MAIN()
