@@ -102,11 +102,13 @@ def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: Stage
     with rep.stage("openvino", f"Converting to OpenVINO IR ({precision})"):
         OpenVinoConvert(fp16=opts.fp16)(onnx_path, xml_path)
 
-    ort = OnnxRuntimeRunner(onnx_path, max_batch=opts.max_batch).activate()
-    ov = OpenVinoRunner(xml_path, max_batch=opts.max_batch).activate()
+    ort = OnnxRuntimeRunner(onnx_path, max_batch=opts.max_batch)
+    ov = OpenVinoRunner(xml_path, max_batch=opts.max_batch)
     try:
         runs = {"onnxruntime": lambda x: _only(ort.infer(x)), "openvino": lambda x: _only(ov.infer(x))}
         with rep.stage("parity", "Checking parity with PyTorch (batch 1 and max batch)"):
+            ort.activate()
+            ov.activate()
             batches = (1, opts.max_batch) if opts.max_batch > 1 else (1,)
             fp16 = frozenset({"openvino"}) if opts.fp16 else frozenset()
             if loaded.module is not None:
