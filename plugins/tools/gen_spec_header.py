@@ -57,8 +57,10 @@ def render(spec: dict, spec_path: Path) -> str:
     out.append(f"constexpr int32_t kNB_ATTRIBUTES = {len(attrs)};")
     for a in attrs:
         if a["type"] not in ATTR_TYPES:
-            raise ValueError(f"{spec_path}: attribute {a['name']!r} has type {a['type']!r}; expected one of "
-                             f"{sorted(ATTR_TYPES)}")
+            raise ValueError(
+                f"{spec_path}: attribute {a['name']!r} has type {a['type']!r}; expected one of "
+                f"{sorted(ATTR_TYPES)}"
+            )
         ctype = ATTR_TYPES[a["type"]]
         key = f"kATTR_{_ident(a['name'])}"
         out.append(f"// attribute {a['name']}: {a['type']}, {'required' if a['required'] else 'optional'}")
