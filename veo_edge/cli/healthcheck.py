@@ -1,0 +1,53 @@
+"""``veo-edge healthcheck``: live, ready and a golden canary inference; one line and an exit code."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from veo_edge.cli._common import print_json
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def healthcheck(
+    url: str = typer.Option(None, "--url", help=f"Server to check (default {DEFAULT_URL})."),
+    build_dir: Path = typer.Option(
+        None,
+        "--build-dir",
+        help="Golden canary source. Alone (without --url): local mode, no server, runs the canary in-process.",
+    ),
+    timeout: float = typer.Option(10.0, "--timeout", help="Seconds for the whole check; it never hangs."),
+    model_name: str = typer.Option(None, "--model-name", help="Model to check (default: the served one)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON when healthy."),
+) -> None:
+    """Check a server (or, with only --build-dir, a build) and exit 0 when healthy.
+
+    Exit codes: 0 healthy; 20 server down (nothing answers, not live); 21 not ready (no backend,
+    failed start canary, unknown model); 22 canary mismatch (inference failed, output off the golden
+    one, golden file corrupt); 23 timeout; 2 usage. The reason is printed on one line.
+    """
+    from veo_edge.errors import UsageError
+    from veo_edge.serve.health import check_local, check_server
+
+    if timeout <= 0:
+        raise UsageError(f"--timeout {timeout} must be positive")
+    if build_dir is not None and url is None:
+        report = check_local(str(build_dir), timeout=timeout)
+    else:
+        golden = str(build_dir) if build_dir else os.environ.get("VEO_EDGE_BUILD_DIR") or None
+        report = check_server(url or DEFAULT_URL, golden, model_name, timeout=timeout)
+    if json_out:
+        print_json(report)
+    else:
+        where = report.get("url") or report.get("build_dir")
+        c = report["canary"]
+        typer.echo(
+            f"healthy: {where} (canary max abs {c['max_abs']:.3g} <= {c['atol']:.3g}, cosine {c['cosine']:.6f})"
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("healthcheck")(healthcheck)

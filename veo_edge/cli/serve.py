@@ -1,0 +1,60 @@
+"""``veo-edge serve``: an Open Inference Protocol (KServe v2 / Triton) HTTP server for a build."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def serve(
+    build_dir: Path = typer.Argument(..., help="A build directory made by `veo-edge build`."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (0.0.0.0 for all interfaces)."),
+    port: int = typer.Option(8000, "--port", "-p", help="Port to listen on (0: any free port)."),
+    model_name: str = typer.Option(None, "--model-name", help="Name to serve under (default: the build's)."),
+    backend: str = typer.Option("auto", "--backend", "-b", help="auto, tensorrt, onnxruntime or openvino."),
+    max_request_bytes: int = typer.Option(64 << 20, "--max-request-bytes", help="Largest request body."),
+    max_queue: int = typer.Option(256, "--max-queue", help="Samples queued before requests get 503."),
+    max_queue_delay_ms: float = typer.Option(2.0, "--max-queue-delay-ms", help="Batching window."),
+    infer_timeout: float = typer.Option(60.0, "--infer-timeout", help="Seconds before an infer gets 504."),
+    drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds SIGTERM waits for requests."),
+    threads: int = typer.Option(None, "--threads", help="CPU backend threads (default: the backend's)."),
+) -> None:
+    """Serve a build over HTTP (KServe v2 / Triton protocol, /metrics); SIGTERM drains and exits 0."""
+    import asyncio
+    import logging
+
+    from veo_edge.errors import UsageError
+    from veo_edge.runtime.runtime import Runtime
+    from veo_edge.serve.app import ServeOptions, serve_async
+    from veo_edge.serve.http import Limits
+
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port {port} is out of range; expected 0..65535")
+    if max_request_bytes < 1024:
+        raise UsageError(f"--max-request-bytes {max_request_bytes} is too small; expected at least 1024")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    options = ServeOptions(
+        host=host,
+        port=port,
+        model_name=model_name,
+        limits=Limits(max_body_bytes=max_request_bytes),
+        infer_timeout_s=infer_timeout,
+        drain_timeout_s=drain_timeout,
+    )
+    runtime = Runtime(
+        build_dir,
+        backend=backend,
+        max_queue=max_queue,
+        max_queue_delay_ms=max_queue_delay_ms,
+        threads=threads,
+    ).start()
+    try:
+        code = asyncio.run(serve_async(runtime, options))
+    finally:
+        runtime.close(drain=False)
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)

@@ -1,0 +1,281 @@
+"""Health: the golden canary comparison, and the probe behind ``veo-edge healthcheck``.
+
+The canary is a fixed input and its expected float32 output recorded at build time (manifest
+``canary``: ``input``, ``expected``, ``atol``, ``min_cosine``). A backend is healthy when its output for
+that input is within ``atol`` (max abs error) of the expected one and their cosine is at least
+``min_cosine``. The server runs it at start (readiness), the probe runs it through the server or, in
+local mode, through an in-process runtime.
+
+Each kind of failure has its own exception and exit code (documented in ``veo-edge healthcheck --help``):
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from veo_edge.builddir import BuildDir
+from veo_edge.errors import BuildDirError, VeoEdgeError
+
+
+class HealthError(VeoEdgeError):
+    """The service is not healthy."""
+
+    exit_code = 1
+
+
+class ServerDownError(HealthError):
+    """Nothing answers at the URL, or the process is not live."""
+
+    exit_code = 20
+
+
+class NotReadyError(HealthError):
+    """The server answers but is not ready (no active backend, failed canary, unknown model)."""
+
+    exit_code = 21
+
+
+class CanaryMismatchError(HealthError):
+    """The canary inference failed or its output is not within tolerance of the golden output."""
+
+    exit_code = 22
+
+
+class HealthTimeoutError(HealthError):
+    """The check did not finish within its timeout."""
+
+    exit_code = 23
+
+
+EXIT_CODES = {
+    "healthy": 0,
+    "down": ServerDownError.exit_code,
+    "not ready": NotReadyError.exit_code,
+    "canary mismatch": CanaryMismatchError.exit_code,
+    "timeout": HealthTimeoutError.exit_code,
+}
+
+
+@dataclass(frozen=True)
+class Canary:
+    input: np.ndarray  # with the batch axis, batch 1
+    expected: np.ndarray  # with the batch axis, batch 1
+    atol: float
+    min_cosine: float
+
+
+@dataclass(frozen=True)
+class CanaryResult:
+    ok: bool
+    max_abs: float
+    cosine: float
+    atol: float
+    min_cosine: float
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_canary(build: BuildDir) -> Canary:
+    """The build's golden canary, its files checked against the manifest's checksums."""
+    spec = build.manifest.get("canary")
+    if not spec:
+        raise CanaryMismatchError(f"build {build.path} records no canary; rebuild it with this veo-edge")
+    try:
+        build.verify(["canary_input", "canary_expected"])
+        x = np.load(build.artifact("canary_input"), allow_pickle=False)
+        expected = np.load(build.artifact("canary_expected"), allow_pickle=False)
+    except (BuildDirError, OSError, ValueError) as e:
+        raise CanaryMismatchError(f"the golden canary of {build.path} is unusable: {e}") from e
+    return Canary(x, expected, float(spec["atol"]), float(spec["min_cosine"]))
+
+
+def compare_canary(output: np.ndarray, canary: Canary) -> CanaryResult:
+    """Max abs error and cosine of ``output`` against the golden output."""
+    got = np.asarray(output, dtype=np.float64)
+    want = canary.expected.astype(np.float64)
+    if got.shape != want.shape:
+        return CanaryResult(
+            False,
+            float("inf"),
+            0.0,
+            canary.atol,
+            canary.min_cosine,
+            f"canary output has shape {list(got.shape)}, the golden one {list(want.shape)}",
+        )
+    max_abs = float(np.abs(got - want).max()) if got.size else 0.0
+    denom = float(np.linalg.norm(got) * np.linalg.norm(want))
+    cosine = float(np.dot(got.ravel(), want.ravel()) / denom) if denom else float(max_abs == 0.0)
+    if not np.isfinite(max_abs):
+        max_abs, cosine = float("inf"), 0.0
+    reason = None
+    if max_abs > canary.atol:
+        reason = f"canary max abs error {max_abs:.3g} > tolerance {canary.atol:.3g}"
+    elif cosine < canary.min_cosine:
+        reason = f"canary cosine {cosine:.6f} < {canary.min_cosine}"
+    return CanaryResult(reason is None, max_abs, cosine, canary.atol, canary.min_cosine, reason)
+
+
+# -- the probe ---------------------------------------------------------------------------------------
+
+
+def _with_deadline(fn: Any, timeout: float, what: str) -> Any:
+    """Run ``fn`` in a daemon thread; :class:`HealthTimeoutError` if it is not done within ``timeout``."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:
+            box["error"] = e
+
+    t = threading.Thread(target=run, name="veo-edge-healthcheck", daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        raise HealthTimeoutError(f"{what} did not finish within {timeout:g} s (--timeout)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+class _Client:
+    def __init__(self, url: str, deadline: float) -> None:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme != "http" or not parts.hostname:
+            raise HealthError(f"--url {url!r} is not an http://host:port URL")
+        self.url = url
+        self.host, self.port = parts.hostname, parts.port or 80
+        self.prefix = parts.path.rstrip("/")
+        self.deadline = deadline
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise HealthTimeoutError(f"no time left for {method} {path} (--timeout)")
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=remaining)
+        try:
+            conn.request(method, self.prefix + path, body=body, headers=headers or {})
+            resp = conn.getresponse()
+            return resp.status, dict(resp.getheaders()), resp.read()
+        except TimeoutError as e:
+            raise HealthTimeoutError(f"{method} {self.url}{path} timed out (--timeout)") from e
+        except (ConnectionError, OSError, http.client.HTTPException) as e:
+            raise ServerDownError(f"no server answers at {self.url}: {e}") from e
+        finally:
+            conn.close()
+
+
+def _error_of(body: bytes) -> str:
+    try:
+        return str(json.loads(body).get("error") or json.loads(body))
+    except (ValueError, AttributeError):
+        return body[:200].decode("utf-8", "replace")
+
+
+def check_server(
+    url: str, build_dir: str | None = None, model_name: str | None = None, timeout: float = 10.0
+) -> dict[str, Any]:
+    """Live, ready, then a canary inference through the server; the report dict, or a HealthError.
+
+    The golden canary comes from ``build_dir`` when given, else from the server's
+    ``/v2/models/{name}/canary`` (the one it read from its own build directory)."""
+
+    def run() -> dict[str, Any]:
+        client = _Client(url, time.monotonic() + timeout)
+        status, _, body = client.request("GET", "/v2/health/live")
+        if status != 200:
+            raise ServerDownError(f"{url} is not live (HTTP {status}): {_error_of(body)}")
+        status, _, body = client.request("GET", "/v2/health/ready")
+        if status != 200:
+            raise NotReadyError(f"{url} is not ready (HTTP {status}): {_error_of(body)}")
+        build = BuildDir.open(build_dir) if build_dir else None
+        name = model_name or (build.model_name if build else None)
+        if name is None:
+            status, _, body = client.request("GET", "/v2/health/ready")
+            name = json.loads(body).get("model")
+        status, _, body = client.request("GET", f"/v2/models/{name}/ready")
+        if status != 200:
+            raise NotReadyError(f"model {name!r} is not ready at {url} (HTTP {status}): {_error_of(body)}")
+        status, _, meta = client.request("GET", f"/v2/models/{name}")
+        inputs = json.loads(meta)["inputs"]
+        if build is not None:
+            canary = load_canary(build)
+        else:
+            status, _, body = client.request("GET", f"/v2/models/{name}/canary")
+            if status != 200:
+                raise CanaryMismatchError(f"the server has no canary for {name!r}: {_error_of(body)}")
+            canary = _canary_from_json(json.loads(body))
+        from veo_edge.serve.protocol import decode_infer_response, encode_infer_request
+
+        body, hlen = encode_infer_request({inputs[0]["name"]: canary.input.astype(np.float32)})
+        status, headers, resp = client.request(
+            "POST",
+            f"/v2/models/{name}/infer",
+            body,
+            {"Inference-Header-Content-Length": str(hlen), "Content-Type": "application/octet-stream"},
+        )
+        if status != 200:
+            raise CanaryMismatchError(f"canary inference failed (HTTP {status}): {_error_of(resp)}")
+        lower = {k.lower(): v for k, v in headers.items()}
+        out = next(iter(decode_infer_response(resp, lower.get("inference-header-content-length")).values()))
+        result = compare_canary(out, canary)
+        if not result.ok:
+            raise CanaryMismatchError(f"{result.reason} (model {name!r} at {url})")
+        return {"healthy": True, "url": url, "model": name, "canary": result.to_dict()}
+
+    return _with_deadline(run, timeout, f"the healthcheck of {url}")
+
+
+def canary_to_json(canary: Canary) -> dict[str, Any]:
+    return {
+        "input": {"shape": list(canary.input.shape), "data": canary.input.ravel().tolist()},
+        "expected": {"shape": list(canary.expected.shape), "data": canary.expected.ravel().tolist()},
+        "atol": canary.atol,
+        "min_cosine": canary.min_cosine,
+    }
+
+
+def _canary_from_json(obj: dict[str, Any]) -> Canary:
+    def arr(t: dict[str, Any]) -> np.ndarray:
+        return np.asarray(t["data"], dtype=np.float32).reshape(t["shape"])
+
+    return Canary(arr(obj["input"]), arr(obj["expected"]), float(obj["atol"]), float(obj["min_cosine"]))
+
+
+def check_local(build_dir: str, timeout: float = 60.0, backend: str = "auto") -> dict[str, Any]:
+    """First-boot check without a server: start a runtime on the build and run the canary."""
+
+    def run() -> dict[str, Any]:
+        from veo_edge.runtime.runtime import Runtime
+
+        build = BuildDir.open(build_dir)
+        canary = load_canary(build)
+        rt = Runtime(build_dir, backend=backend).start()
+        try:
+            state = rt.state.to_dict()
+            if not state.get("active_backend"):
+                raise NotReadyError(f"no backend could start on {build_dir}: {state.get('skipped')}")
+            out = rt.infer(canary.input)
+        finally:
+            rt.close()
+        result = compare_canary(out, canary)
+        if not result.ok:
+            raise CanaryMismatchError(f"{result.reason} (build {build_dir}, {state['active_backend']})")
+        return {
+            "healthy": True,
+            "build_dir": str(build_dir),
+            "backend": state["active_backend"],
+            "canary": result.to_dict(),
+        }
+
+    return _with_deadline(run, timeout, f"the local healthcheck of {build_dir}")

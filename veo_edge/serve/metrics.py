@@ -1,0 +1,180 @@
+"""``/metrics``: Prometheus text from the runtime's cumulative counters, read at scrape time.
+
+Names follow Triton's where Triton has one (``nv_inference_request_success``, ``..._duration_us``,
+``nv_gpu_memory_used_bytes``; exposed untyped so that the names stay exactly Triton's, without the
+``_total`` suffix prometheus-client adds to counters); the rest are ``veo_edge_*``. Nothing is counted on
+the request path except the server's own HTTP outcomes, so a scrape costs one ``runtime.stats()``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from veo_edge.serve.protocol import ModelSpec
+
+_NVML_LOCK = threading.Lock()
+
+
+class HttpCounters:
+    """What the HTTP layer saw: responses by endpoint and status, rejections by reason."""
+
+    def __init__(self) -> None:
+        self.responses: Counter[tuple[str, int]] = Counter()
+        self.infer_rejected: Counter[str] = Counter()  # reason -> count: INVALID, REJECTED (overload), ...
+
+
+class _Nvml:
+    """GPU memory through NVML, where NVML exists; absent otherwise (checked once, lazily)."""
+
+    def __init__(self) -> None:
+        self.handles: list[Any] | None = None
+        self.nvml: Any = None
+
+    def memory(self) -> list[tuple[str, int, int]]:
+        with _NVML_LOCK:
+            if self.handles is None:
+                self.handles = []
+                try:
+                    import pynvml
+
+                    pynvml.nvmlInit()
+                    self.nvml = pynvml
+                    self.handles = [
+                        pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
+                    ]
+                except Exception:  # no driver, no library, no device: no GPU metrics
+                    self.handles = []
+        out = []
+        for h in self.handles:
+            try:
+                uuid = self.nvml.nvmlDeviceGetUUID(h)
+                mem = self.nvml.nvmlDeviceGetMemoryInfo(h)
+                out.append((uuid if isinstance(uuid, str) else uuid.decode(), int(mem.used), int(mem.total)))
+            except Exception:  # a device lost between scrapes
+                continue
+        return out
+
+
+class ServeCollector:
+    """A prometheus-client collector over a runtime, the model spec and the HTTP counters."""
+
+    def __init__(self, runtime: Any, model: ModelSpec, http: HttpCounters, readiness: Any) -> None:
+        self.runtime = runtime
+        self.model = model
+        self.http = http
+        self.readiness = readiness  # () -> bool
+        self.nvml = _Nvml()
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+        s = self.runtime.stats()
+        ml = ["model", "version"]
+        mv = [self.model.name, self.model.version]
+
+        def untyped(name: str, doc: str, value: float, labels: dict[str, str] | None = None) -> Metric:
+            m = Metric(name, doc, "unknown")
+            m.add_sample(name, {"model": mv[0], "version": mv[1], **(labels or {})}, value)
+            return m
+
+        yield untyped(
+            "nv_inference_request_success", "Successful inference requests (samples)", s["requests_success"]
+        )
+        fail = Metric("nv_inference_request_failure", "Failed inference requests, by reason", "unknown")
+        fail.add_sample(
+            "nv_inference_request_failure",
+            {"model": mv[0], "version": mv[1], "reason": "BACKEND"},
+            s["requests_failure"],
+        )
+        for reason, n in sorted(self.http.infer_rejected.items()):
+            fail.add_sample(
+                "nv_inference_request_failure", {"model": mv[0], "version": mv[1], "reason": reason}, n
+            )
+        yield fail
+        sizes = {int(k): int(v) for k, v in (s.get("batch_size_counts") or {}).items()}
+        yield untyped(
+            "nv_inference_count", "Inferences performed (samples)", sum(k * v for k, v in sizes.items())
+        )
+        yield untyped("nv_inference_exec_count", "Model executions (batches)", s["batches"])
+        yield untyped(
+            "nv_inference_request_duration_us",
+            "Cumulative request duration (queue + compute)",
+            s["request_us_total"],
+        )
+        yield untyped(
+            "nv_inference_queue_duration_us",
+            "Cumulative time requests waited in the queue",
+            s["queue_us_total"],
+        )
+        yield untyped(
+            "nv_inference_compute_infer_duration_us",
+            "Cumulative compute time of batches",
+            s["compute_us_total"],
+        )
+        pending = GaugeMetricFamily(
+            "nv_inference_pending_request_count", "Requests waiting in the queue", labels=ml
+        )
+        pending.add_metric(mv, s.get("pending", 0))
+        yield pending
+
+        batch = CounterMetricFamily(
+            "veo_edge_batch_size", "Executed batches by batch size", labels=[*ml, "batch_size"]
+        )
+        for size, n in sorted(sizes.items()):
+            batch.add_metric([*mv, str(size)], n)
+        yield batch
+        active = GaugeMetricFamily(
+            "veo_edge_active_backend", "1 for the backend now serving", labels=[*ml, "backend"]
+        )
+        if s.get("active_backend"):
+            active.add_metric([*mv, str(s["active_backend"])], 1)
+        yield active
+        switches = CounterMetricFamily(
+            "veo_edge_fallback_switches", "Switches to a fallback backend", labels=ml
+        )
+        switches.add_metric(mv, s.get("fallback_switches", 0))
+        yield switches
+        ready = GaugeMetricFamily(
+            "veo_edge_ready", "1 when the model is ready (backend up, canary matched)", labels=ml
+        )
+        ready.add_metric(mv, 1 if self.readiness() else 0)
+        yield ready
+        pool = s.get("memory_pool") or {}
+        for key, value in sorted(pool.items()):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                g = GaugeMetricFamily(f"veo_edge_memory_pool_{key}", f"Memory pool: {key}", labels=ml)
+                g.add_metric(mv, value)
+                yield g
+        http = CounterMetricFamily(
+            "veo_edge_http_responses", "HTTP responses by endpoint and status", labels=["endpoint", "code"]
+        )
+        for (endpoint, code), n in sorted(self.http.responses.items()):
+            http.add_metric([endpoint, str(code)], n)
+        yield http
+        gpus = self.nvml.memory()
+        if gpus:
+            used = GaugeMetricFamily("nv_gpu_memory_used_bytes", "GPU memory used", labels=["gpu_uuid"])
+            total = GaugeMetricFamily("nv_gpu_memory_total_bytes", "GPU memory total", labels=["gpu_uuid"])
+            for uuid, u, t in gpus:
+                used.add_metric([uuid], u)
+                total.add_metric([uuid], t)
+            yield used
+            yield total
+
+
+def make_registry(collector: ServeCollector):
+    """A private registry (never the global one): the serve collector plus process metrics (RSS, CPU)."""
+    from prometheus_client import CollectorRegistry, ProcessCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def render(registry: Any) -> tuple[bytes, str]:
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    return generate_latest(registry), CONTENT_TYPE_LATEST
