@@ -7,7 +7,7 @@ import sys
 import typer
 
 from veo_edge import __version__
-from veo_edge.cli import build, doctor, infer
+from veo_edge.cli import build, doctor, healthcheck, infer, serve
 from veo_edge.cli._common import State, console
 
 app = typer.Typer(
@@ -39,6 +39,8 @@ def _root(
 build.register(app)
 infer.register(app)
 doctor.register(app)
+serve.register(app)
+healthcheck.register(app)
 
 #: exit code for a bug in veo-edge itself (sysexits' EX_SOFTWARE)
 INTERNAL_ERROR = 70
