@@ -1,0 +1,97 @@
+"""A real ``veo-edge serve`` subprocess on a free loopback port, stopped by PID (SIGTERM) at teardown."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+STARTUP_TIMEOUT_S = 90.0
+_LISTENING = re.compile(r"serving '([^']+)' on http://127\.0\.0\.1:(\d+)")
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+        """(status, headers, body) of one request on a fresh connection."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            resp = conn.getresponse()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+
+    def get_json(self, path: str) -> tuple[int, dict]:
+        status, _, body = self.request("GET", path)
+        return status, json.loads(body)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait(10)
+
+
+def start_server(build: Path, log: Path, *args: str, env: dict | None = None, wait_ready: bool = True):
+    """Start ``veo-edge serve BUILD --port 0``; wait for its port (and its readiness, bounded)."""
+    out = open(log, "w")  # noqa: SIM115 - the child writes to it for its whole life
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "veo_edge.cli.main", "serve", str(build), "--port", "0", *args],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )
+    out.close()
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    port = None
+    while port is None:
+        m = _LISTENING.search(log.read_text())
+        if m:
+            port = int(m.group(2))
+        elif proc.poll() is not None:
+            raise RuntimeError(f"veo-edge serve exited with {proc.returncode}:\n{log.read_text()}")
+        elif time.monotonic() > deadline:
+            os.kill(proc.pid, signal.SIGKILL)
+            raise RuntimeError(
+                f"veo-edge serve did not listen within {STARTUP_TIMEOUT_S} s:\n{log.read_text()}"
+            )
+        else:
+            time.sleep(0.05)
+    server = ServerProcess(proc, port, log)
+    while wait_ready and server.request("GET", "/v2/health/ready")[0] != 200:
+        if time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(
+                f"veo-edge serve was not ready within {STARTUP_TIMEOUT_S} s:\n{log.read_text()}"
+            )
+        time.sleep(0.05)
+    return server
+
+
+@pytest.fixture(scope="session")
+def nano_server(nano_build: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One vit-nano server for the read-only tests of the session (they must leave it healthy)."""
+    server = start_server(nano_build, tmp_path_factory.mktemp("serve") / "nano.log")
+    yield server
+    assert server.stop() == 0, server.log.read_text()
