@@ -101,6 +101,7 @@ class _Connection(asyncio.Protocol):
         self.closing = False
         self.timer: asyncio.TimerHandle | None = None
         self.can_write: asyncio.Future | None = None
+        self.eof = False
 
     # -- asyncio callbacks ----------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -126,6 +127,14 @@ class _Connection(asyncio.Protocol):
         if self.can_write and not self.can_write.done():
             self.can_write.set_result(None)
         self.can_write = None
+
+    def eof_received(self) -> bool:
+        # a half-closed client (shutdown(SHUT_WR)) still gets the answers to what it sent
+        self.eof = True
+        if self.busy:
+            return True
+        self._advance()
+        return not self.closing
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -160,7 +169,8 @@ class _Connection(asyncio.Protocol):
             self._send_error(e.status, str(e))
             return
         if request is None:
-            if self.server.draining and not self.buf and self.head is None:
+            if self.eof or (self.server.draining and not self.buf and self.head is None):
+                self.closing = True
                 self.transport.close()
             return
         self.busy = True
