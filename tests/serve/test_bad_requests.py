@@ -150,6 +150,6 @@ def test_still_healthy_and_correct_after_abuse(nano_server):
     status, ready = nano_server.get_json("/v2/health/ready")
     assert status == 200, ready
     body, headers = _good(batch=8)
-    status, resp_headers, resp = nano_server.request("POST", INFER, body, headers)
+    status, resp_headers, _ = nano_server.request("POST", INFER, body, headers)
     assert status == 200
     assert "inference-header-content-length" in resp_headers
