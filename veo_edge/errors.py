@@ -67,3 +67,16 @@ class OverloadedError(VeoEdgeError):
     """The request queue is full; retry later or add capacity."""
 
     exit_code = 10
+
+
+class CudaOutOfMemoryError(BackendError):
+    """The GPU ran out of memory while running (CUDA out of memory); the runtime falls back to the next
+    backend and re-runs the batch."""
+
+
+class DeviceLostError(BackendError):
+    """The GPU stopped answering (device lost, Xid, driver reset); the runtime falls back."""
+
+
+class NoBackendError(BackendUnavailableError):
+    """No backend of the runtime's policy can run on this machine, or all of them failed."""

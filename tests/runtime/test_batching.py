@@ -1,0 +1,154 @@
+"""The dynamic batcher on its own: a deterministic batch function, real threads, no wall-clock asserts."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import CancelledError
+
+import numpy as np
+import pytest
+
+from veo_edge.errors import OverloadedError, UsageError
+from veo_edge.runtime.batching import Batcher, ClosedError
+
+SHAPE = (3, 4)
+
+
+def double(x: np.ndarray) -> np.ndarray:
+    return x.reshape(len(x), -1) * 2.0
+
+
+def test_concurrent_callers_get_exactly_their_own_rows() -> None:
+    b = Batcher(double, SHAPE, "float32", max_batch=8, max_delay_ms=1.0, max_queue=1024)
+    rng = np.random.default_rng(0)
+    samples = rng.standard_normal((16, 25, *SHAPE)).astype(np.float32)
+    results: dict[tuple[int, int], np.ndarray] = {}
+
+    def caller(t: int) -> None:
+        futs = [b.submit(samples[t, i]) for i in range(samples.shape[1])]
+        for i, f in enumerate(futs):
+            results[t, i] = f.result(timeout=30)
+
+    threads = [threading.Thread(target=caller, args=(t,)) for t in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    b.close()
+    assert len(results) == 16 * 25
+    for (t, i), got in results.items():
+        np.testing.assert_array_equal(got, double(samples[t, i][None])[0])  # unbatched reference
+    s = b.stats()
+    assert s.requests_success == 400 and s.requests_failure == 0
+    assert sum(k * v for k, v in s.batch_size_counts.items()) == 400  # nothing run twice
+    assert max(s.batch_size_counts) <= 8
+
+
+def test_a_full_batch_goes_at_once_without_waiting_for_the_delay() -> None:
+    b = Batcher(double, SHAPE, "float32", max_batch=4, max_delay_ms=600_000, max_queue=16)
+    futs = [b.submit(np.full(SHAPE, i, np.float32)) for i in range(4)]
+    assert [float(f.result(timeout=30)[0]) for f in futs] == [0.0, 2.0, 4.0, 6.0]
+    assert b.stats().batch_size_counts == {4: 1}
+    b.close()
+
+
+def test_a_partial_batch_waits_for_the_delay_then_runs_together() -> None:
+    delay_ms = 200.0
+    b = Batcher(double, SHAPE, "float32", max_batch=8, max_delay_ms=delay_ms, max_queue=16)
+    futs = [b.submit(np.zeros(SHAPE, np.float32)) for _ in range(3)]
+    for f in futs:
+        f.result(timeout=30)
+    s = b.stats()
+    b.close()
+    assert s.batch_size_counts == {3: 1}
+    # dispatch never precedes the deadline of the batch's first sample (a lower bound, not a timing)
+    assert s.max_wait_us >= delay_ms * 1e3 * 0.999
+
+
+def test_overload_is_rejected_at_once_and_accepted_work_completes() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def blocked(x: np.ndarray) -> np.ndarray:
+        started.set()
+        release.wait(30)
+        return double(x)
+
+    b = Batcher(blocked, SHAPE, "float32", max_batch=1, max_delay_ms=0, max_queue=2)
+    first = b.submit(np.ones(SHAPE, np.float32))
+    assert started.wait(30)  # the first sample is running, the queue is empty
+    queued = [b.submit(np.ones(SHAPE, np.float32)) for _ in range(2)]
+    with pytest.raises(OverloadedError, match=r"request queue is full \(2 pending\); retry later"):
+        b.submit(np.ones(SHAPE, np.float32))
+    release.set()
+    for f in [first, *queued]:
+        assert float(f.result(timeout=30)[0]) == 2.0
+    b.close()
+    assert b.stats().requests_success == 3
+
+
+def test_a_failing_batch_answers_each_of_its_callers_with_the_error() -> None:
+    def boom(x: np.ndarray) -> np.ndarray:
+        raise RuntimeError("kaput")
+
+    b = Batcher(boom, SHAPE, "float32", max_batch=4, max_delay_ms=600_000, max_queue=8)
+    futs = [b.submit(np.zeros(SHAPE, np.float32)) for _ in range(4)]
+    for f in futs:
+        with pytest.raises(RuntimeError, match="kaput"):
+            f.result(timeout=30)
+    b.close()
+    assert b.stats().requests_failure == 4
+
+
+def test_close_drains_or_rejects_and_then_refuses() -> None:
+    release = threading.Event()
+
+    def slow(x: np.ndarray) -> np.ndarray:
+        release.wait(30)
+        return double(x)
+
+    b = Batcher(slow, SHAPE, "float32", max_batch=1, max_delay_ms=0, max_queue=8)
+    futs = [b.submit(np.ones(SHAPE, np.float32)) for _ in range(3)]
+    release.set()
+    b.close(drain=True)
+    assert all(float(f.result(timeout=0)[0]) == 2.0 for f in futs)
+    with pytest.raises(ClosedError, match="closed and accepts no more requests"):
+        b.submit(np.ones(SHAPE, np.float32))
+
+    gate = threading.Event()
+    b2 = Batcher(lambda x: (gate.wait(30), double(x))[1], SHAPE, "float32", 1, 0, 8)
+    futs = [b2.submit(np.ones(SHAPE, np.float32)) for _ in range(4)]
+    closer = threading.Thread(target=b2.close, kwargs={"drain": False})
+    closer.start()
+    while b2._accepting:  # close() has cleared the queue once it stops accepting
+        threading.Event().wait(0.001)
+    gate.set()
+    closer.join()
+    outcomes = []
+    for f in futs:
+        try:
+            f.result(timeout=30)
+            outcomes.append("ok")
+        except ClosedError:
+            outcomes.append("closed")
+    assert len(outcomes) == 4 and outcomes.count("closed") >= 3  # each answered once
+
+
+def test_cancelled_requests_are_not_run() -> None:
+    gate = threading.Event()
+    b = Batcher(lambda x: (gate.wait(30), double(x))[1], SHAPE, "float32", 1, 0, 8)
+    first = b.submit(np.ones(SHAPE, np.float32))
+    second = b.submit(np.ones(SHAPE, np.float32))
+    assert second.cancel()
+    gate.set()
+    first.result(timeout=30)
+    b.close()
+    with pytest.raises(CancelledError):
+        second.result(timeout=0)
+    assert b.stats().requests_success == 1
+
+
+def test_configuration_is_validated() -> None:
+    with pytest.raises(UsageError, match="max_batch must be >= 1, got 0"):
+        Batcher(double, SHAPE, "float32", max_batch=0)
+    with pytest.raises(UsageError, match="max_queue must be >= 1, got 0"):
+        Batcher(double, SHAPE, "float32", max_batch=1, max_queue=0)

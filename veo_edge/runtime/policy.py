@@ -1,0 +1,163 @@
+"""The fallback policy above the runners: which backends, in which order, and why each one was skipped.
+
+Each candidate is probed before it is activated, cheaply and without side effects on the GPU: NVIDIA GPU
+present and driver usable (NVML), library importable, execution provider / plugin library present, and
+free GPU memory at least what the backend needs plus a margin, within the configured budget. A probe
+that fails is a skip with its reason; so is an activation that fails. Backends never import each other;
+this module is the only place that knows all of them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from veo_edge.builddir import BuildDir
+from veo_edge.errors import UsageError
+
+BACKENDS = ("tensorrt", "onnxruntime-cuda", "onnxruntime", "openvino")
+DEFAULT_POLICY = ("tensorrt", "onnxruntime-cuda", "openvino")
+GPU_BACKENDS = frozenset({"tensorrt", "onnxruntime-cuda"})
+#: free GPU memory kept beyond what a backend needs (other processes, CUDA context, fragmentation)
+GPU_MEMORY_MARGIN = 256 << 20
+#: ONNX Runtime CUDA EP: weights plus activations and cuDNN workspaces, as a multiple of the ONNX size
+ORT_CUDA_MEMORY_FACTOR = 3.0
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_memory_size(value: int | str | None) -> int | None:
+    """Bytes from ``1073741824``, ``"1G"``, ``"512MiB"``, ``"1.5GB"`` (binary units); ``None`` passes."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise UsageError(f"GPU memory budget must be > 0 bytes, got {value}")
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(value), re.IGNORECASE)
+    if not m or float(m.group(1)) <= 0:
+        raise UsageError(
+            f"GPU memory budget {value!r} is not a size; expected bytes or a number with a unit, e.g. 2G, 512MiB"
+        )
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def resolve_policy(backend: str, policy: Sequence[str] | None, fallback: bool) -> tuple[list[str], list[str]]:
+    """(eligible candidates in order, candidates listed but not eligible because fallback is off)."""
+    for name in [backend, *(policy or [])]:
+        if name != "auto" and name not in BACKENDS:
+            raise UsageError(f"unknown backend {name!r}; choose one of: auto, {', '.join(BACKENDS)}")
+    if backend != "auto":
+        if policy is not None:
+            raise UsageError(
+                f"backend={backend!r} forces one backend, so a policy cannot be given too; "
+                "use backend='auto' with the policy"
+            )
+        return [backend], []
+    names = list(policy) if policy is not None else list(DEFAULT_POLICY)
+    if not names or "auto" in names or len(set(names)) != len(names):
+        raise UsageError(
+            f"policy {names} must be a non-empty list of distinct backends from: {', '.join(BACKENDS)}"
+        )
+    return (names, []) if fallback else (names[:1], names[1:])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A candidate's probe: usable or not, and why not."""
+
+    ok: bool
+    reason: str | None = None
+    detail: dict[str, Any] | None = None
+
+
+def check_gpu_memory(
+    name: str, need: int, free: int, budget: int | None, margin: int = GPU_MEMORY_MARGIN
+) -> Verdict:
+    """Whether ``need`` bytes fit: within ``budget`` (when set) and with ``margin`` to spare in ``free``."""
+    mib = 1 << 20
+    if budget is not None and need > budget:
+        return Verdict(
+            False,
+            f"{name} needs about {need / mib:.0f} MiB of GPU memory, above the budget of {budget / mib:.0f} MiB; "
+            "raise --gpu-memory-budget or build with a smaller --max-batch",
+        )
+    if need + margin > free:
+        return Verdict(
+            False,
+            f"{name} needs about {need / mib:.0f} MiB of GPU memory plus a {margin / mib:.0f} MiB margin, "
+            f"but only {free / mib:.0f} MiB is free; free GPU memory or build with a smaller --max-batch",
+        )
+    return Verdict(True, detail={"need": need, "free": free, "budget": budget})
+
+
+def _gpu() -> tuple[Verdict, int]:
+    from veo_edge.runtime.probes import probe_gpu
+
+    p = probe_gpu()
+    if not p.ok:
+        return Verdict(False, f"no usable NVIDIA GPU: {p.reason}"), 0
+    return Verdict(True), int(p.data["devices"][0]["memory_free"])
+
+
+def probe_candidate(name: str, build: BuildDir, gpu_memory_budget: int | None = None) -> Verdict:
+    """Cheap checks that decide whether ``name`` is worth activating on this machine."""
+    if name == "openvino":
+        from veo_edge.runtime.probes import probe_openvino
+
+        p = probe_openvino()
+        return Verdict(p.ok, p.reason)
+    if name == "onnxruntime":
+        from veo_edge.runtime.probes import probe_onnxruntime
+
+        p = probe_onnxruntime()
+        return Verdict(p.ok, p.reason)
+    if name == "onnxruntime-cuda":
+        gpu, free = _gpu()
+        if not gpu.ok:
+            return gpu
+        from veo_edge.runtime.probes import probe_onnxruntime
+
+        p = probe_onnxruntime()
+        if not p.ok:
+            return Verdict(False, p.reason)
+        if "CUDAExecutionProvider" not in p.data["providers"]:
+            return Verdict(
+                False,
+                f"this onnxruntime build has no CUDAExecutionProvider (providers: {', '.join(p.data['providers'])}); "
+                "install onnxruntime-gpu",
+            )
+        need = int(build.manifest["artifacts"]["onnx"]["bytes"] * ORT_CUDA_MEMORY_FACTOR)
+        return check_gpu_memory(name, need, free, gpu_memory_budget)
+    if name == "tensorrt":
+        gpu, free = _gpu()
+        if not gpu.ok:
+            return gpu
+        from veo_edge.runtime.backends import tensorrt as trt_backend
+
+        return trt_backend.probe(build, free, gpu_memory_budget, check_gpu_memory)
+    raise UsageError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+
+
+def make_runner(name: str, build: BuildDir, threads: int | None = None, **options: Any):
+    """The (inactive) runner for candidate ``name`` over ``build``'s artifacts."""
+    if name in ("openvino", "onnxruntime"):
+        from veo_edge.runtime.loaders import cpu_runner
+
+        return cpu_runner(build, name, threads=threads)
+    if name == "onnxruntime-cuda":
+        from veo_edge.runtime.backends.onnxruntime import OnnxRuntimeRunner
+
+        return OnnxRuntimeRunner(
+            build.artifact("onnx"),
+            providers=("CUDAExecutionProvider", "CPUExecutionProvider"),
+            max_batch=build.max_batch,
+            threads=threads,
+        )
+    if name == "tensorrt":
+        from veo_edge.runtime.backends.tensorrt import TensorRtRunner
+
+        return TensorRtRunner.for_build(build, **options)
+    raise UsageError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
