@@ -95,3 +95,18 @@ def nano_server(nano_build: Path, tmp_path_factory: pytest.TempPathFactory):
     server = start_server(nano_build, tmp_path_factory.mktemp("serve") / "nano.log")
     yield server
     assert server.stop() == 0, server.log.read_text()
+
+
+@pytest.fixture
+def serve(tmp_path: Path):
+    """Factory: ``serve(build, *args, env=..., wait_ready=...)`` starts a server; all stop at teardown."""
+    servers: list[ServerProcess] = []
+
+    def _start(build: Path, *args: str, **kw) -> ServerProcess:
+        server = start_server(build, tmp_path / f"serve-{len(servers)}.log", *args, **kw)
+        servers.append(server)
+        return server
+
+    yield _start
+    for server in servers:
+        server.stop()

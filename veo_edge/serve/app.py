@@ -12,6 +12,7 @@ import json
 import logging
 import re
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,7 @@ class InferenceService:
         self.canary_backend: str | None = None
         self.canary_error: str | None = None
         self.infer_answered = 0
+        self._recheck: threading.Thread | None = None
         self.started = time.time()
 
     # -- readiness ------------------------------------------------------------------------------
@@ -107,8 +109,9 @@ class InferenceService:
             reasons.append(f"canary failed on {self.canary_backend}: {self.canary_error}")
         elif self.canary_result is None:
             reasons.append("the canary has not run")
-        elif backend != self.canary_backend:
-            reasons.append(f"the canary ran on {self.canary_backend}, but {backend} is active now")
+        elif backend and backend != self.canary_backend:
+            reasons.append(f"the canary ran on {self.canary_backend}, {backend} is active now: re-running it")
+            self._recheck_canary()
         body: dict[str, Any] = {
             "ready": not reasons,
             "model": self.model.name,
@@ -123,6 +126,12 @@ class InferenceService:
         if reasons:
             body["reason"] = "; ".join(reasons)
         return body
+
+    def _recheck_canary(self) -> None:
+        """After a fallback switch, verify the new backend with the canary (in the background)."""
+        if self._recheck is None or not self._recheck.is_alive():
+            self._recheck = threading.Thread(target=self.run_canary, name="veo-edge-canary", daemon=True)
+            self._recheck.start()
 
     def is_ready(self) -> bool:
         return bool(self.readiness()["ready"])

@@ -113,7 +113,7 @@ class InferRequest:
 
 def _decode_json(raw: bytes | memoryview, what: str) -> Any:
     try:
-        return json.loads(bytes(raw))
+        return json.loads(bytes(raw).decode("utf-8"))
     except UnicodeDecodeError as e:
         raise ProtocolError(
             f"{what} is not UTF-8 ({e}); send JSON, with tensors in binary after an "

@@ -1,0 +1,130 @@
+"""``veo-edge healthcheck``: exit 0 when healthy; a distinct non-zero code and a one-line reason for a
+server that is down, not ready, serving the wrong model or a corrupt golden output, or too slow."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from veo_edge.serve.health import EXIT_CODES
+
+
+def _healthcheck(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "veo_edge.cli.main", "healthcheck", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _url(server) -> str:
+    return f"http://{server.url}"
+
+
+def _corrupt_golden(build: Path) -> Path:
+    expected = build / "canary" / "expected.npy"
+    y = np.load(expected)
+    np.save(expected, y + 1.0)
+    return build
+
+
+def test_healthy_server(nano_server, nano_build):
+    r = _healthcheck("--url", _url(nano_server), "--timeout", "20")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("healthy: http://127.0.0.1:")
+    r = _healthcheck("--url", _url(nano_server), "--build-dir", str(nano_build), "--json")
+    assert r.returncode == 0, r.stderr
+    assert '"healthy": true' in r.stdout
+
+
+def test_local_mode(nano_build):
+    r = _healthcheck("--build-dir", str(nano_build), "--timeout", "60")
+    assert r.returncode == 0, r.stderr
+    assert "healthy:" in r.stdout
+
+
+def test_golden_file_corrupted_locally(nano_server, nano_build, copy_build):
+    """The probe's own golden output is corrupt: its checksum no longer matches the manifest."""
+    bad = _corrupt_golden(copy_build(nano_build))
+    r = _healthcheck("--url", _url(nano_server), "--build-dir", str(bad))
+    assert r.returncode == EXIT_CODES["canary mismatch"], r.stderr
+    assert "golden canary" in r.stderr and "does not match its manifest checksum" in r.stderr
+    r = _healthcheck("--build-dir", str(bad))
+    assert r.returncode == EXIT_CODES["canary mismatch"], r.stderr
+
+
+def test_server_with_corrupted_golden_is_not_ready(nano_build, copy_build, serve):
+    bad = _corrupt_golden(copy_build(nano_build))
+    server = serve(bad, wait_ready=False)
+    status, ready = server.get_json("/v2/health/ready")
+    assert status == 503 and ready["ready"] is False
+    assert "golden canary" in ready["reason"]
+    r = _healthcheck("--url", _url(server))
+    assert r.returncode == EXIT_CODES["not ready"], r.stderr
+    assert "is not ready (HTTP 503)" in r.stderr and "golden canary" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_wrong_model(video_nano_build, nano_build, nano_server, serve):
+    # asked for a model the server does not serve
+    r = _healthcheck("--url", _url(nano_server), "--model-name", "vit-tiny")
+    assert r.returncode == EXIT_CODES["not ready"], r.stderr
+    assert "unknown model 'vit-tiny'" in r.stderr
+    # a different model served under the expected name: the golden canary does not even fit it
+    server = serve(video_nano_build, "--model-name", "vit-nano")
+    r = _healthcheck("--url", _url(server), "--build-dir", str(nano_build))
+    assert r.returncode == EXIT_CODES["canary mismatch"], r.stderr
+    assert "canary inference failed (HTTP 400)" in r.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_server_down():
+    start = time.monotonic()
+    r = _healthcheck("--url", f"http://127.0.0.1:{_free_port()}", "--timeout", "5")
+    assert r.returncode == EXIT_CODES["down"], r.stderr
+    assert "no server answers at" in r.stderr
+    assert time.monotonic() - start < 30  # generous: bounds a hang, not a speed
+
+
+def test_timeout_on_a_server_that_never_answers():
+    with socket.socket() as s:  # listens (the kernel completes handshakes) but never reads or replies
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        r = _healthcheck("--url", f"http://127.0.0.1:{s.getsockname()[1]}", "--timeout", "1")
+    assert r.returncode == EXIT_CODES["timeout"], r.stderr
+    assert "timed out" in r.stderr or "did not finish within 1 s" in r.stderr
+
+
+def test_usage_errors():
+    r = _healthcheck("--timeout", "0")
+    assert r.returncode == 2 and "--timeout 0.0 must be positive" in r.stderr
+
+
+@pytest.mark.parametrize("script", ["healthcheck/healthcheck.sh"])
+def test_docker_wrapper_maps_failures_to_1(script):
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run(
+        ["sh", str(root / script)],
+        env={
+            "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+            "VEO_EDGE_HEALTH_URL": f"http://127.0.0.1:{_free_port()}",
+            "VEO_EDGE_HEALTH_TIMEOUT": "3",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1, r.stderr
+    assert "unhealthy" in r.stdout + r.stderr
