@@ -191,7 +191,10 @@ def test_inputs_are_checked_at_submit(nano_build: Path) -> None:
             InputError, match=r"input has dtype float64, expected float32; convert it with \.astype"
         ):
             rt.submit(np.zeros((3, 32, 32)))
-        with pytest.raises(InputError, match=r"input has shape \(3, 32, 32\), expected \(N, 3, 32, 32\)"):
+        with pytest.raises(
+            InputError,
+            match=r"input 'input' has shape \(3, 32, 32\), expected input: float32\[N, 3, 32, 32\]",
+        ):
             rt.infer(np.zeros((3, 32, 32), np.float32))
         assert rt.stats()["pending"] == 0
 

@@ -1,4 +1,4 @@
-"""``veo-edge infer``: run an input through a build on a chosen backend."""
+"""``veo-edge infer``: run an input through a build with the runtime (backend selection and fallback)."""
 
 from __future__ import annotations
 
@@ -32,29 +32,43 @@ def infer(
     input_file: Path = typer.Option(None, "--input", "-i", help="Input .npy (one sample or a batch)."),
     batch: int = typer.Option(1, "--batch", help="Batch size of the seeded random input (without --input)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random input."),
-    backend: str = typer.Option("openvino", "--backend", "-b", help="openvino or onnxruntime."),
+    backend: str = typer.Option(
+        "auto",
+        "--backend",
+        "-b",
+        help="auto (tensorrt -> onnxruntime-cuda -> openvino), tensorrt, onnxruntime-cuda, onnxruntime or openvino.",
+    ),
+    no_fallback: bool = typer.Option(
+        False, "--no-fallback", help="Fail instead of falling back to a slower backend."
+    ),
+    gpu_memory_budget: str = typer.Option(
+        None, "--gpu-memory-budget", help="Most GPU memory a GPU backend may need, e.g. 2G or 512MiB."
+    ),
     top_k: int = typer.Option(5, "--top-k", help="Classes to show per sample."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Run an input through a build and print the top classes."""
+    """Run an input through a build on the best backend here and print the top classes, the chosen
+    backend and why every other one was skipped."""
     import numpy as np
 
-    from veo_edge.builddir import BuildDir
-    from veo_edge.runtime.loaders import cpu_runner
+    from veo_edge.runtime.runtime import Runtime
 
-    build = BuildDir.open(build_dir)
-    x = load_input(input_file, batch, seed, tuple(build.manifest["input_shape"]))
-    with cpu_runner(build, backend) as runner:
+    rt = Runtime(build_dir, backend=backend, fallback=not no_fallback, gpu_memory_budget=gpu_memory_budget)
+    x = load_input(input_file, batch, seed, rt.input_shape)
+    with rt.start():
         start = time.perf_counter()
-        outputs = runner.infer(x)
+        logits = rt.infer(x)
         latency_ms = (time.perf_counter() - start) * 1e3
-        described = runner.describe()
-    logits = next(iter(outputs.values()))
+        described = rt.describe()
+        state = rt.state
     k = min(top_k, logits.shape[-1])
     top = np.argsort(-logits, axis=-1)[:, :k]
     result = {
-        "model": build.model_name,
-        "backend": described,
+        "model": rt.build.model_name,
+        "backend": state.active_backend,
+        "backend_info": described,
+        "skipped": state.skipped,
+        "switches": state.switches,
         "input_shape": list(x.shape),
         "output_shape": list(logits.shape),
         "latency_ms": round(latency_ms, 3),
@@ -67,9 +81,13 @@ def infer(
         return
     c = console()
     c.print(
-        f"{build.model_name} on {backend}: input {tuple(x.shape)} -> output {tuple(logits.shape)} "
-        f"in {latency_ms:.1f} ms"
+        f"{rt.build.model_name} on [bold]{state.active_backend}[/]: input {tuple(x.shape)} -> output "
+        f"{tuple(logits.shape)} in {latency_ms:.1f} ms"
     )
+    for skip in state.skipped:
+        c.print(f"  skipped {skip['backend']}: {skip['reason']}", soft_wrap=True)
+    for sw in state.switches:
+        c.print(f"  switched {sw['from']} -> {sw['to']}: {sw['reason']}", soft_wrap=True)
     for i, row in enumerate(result["top_k"][:8]):
         c.print(f"  sample {i}: " + ", ".join(f"{t['class']} ({t['logit']:.3f})" for t in row))
     if len(result["top_k"]) > 8:

@@ -40,7 +40,7 @@ from veo_edge.errors import (
     UsageError,
     VeoEdgeError,
 )
-from veo_edge.runtime.backends.base import Runner
+from veo_edge.runtime.backends.base import Runner, TensorMeta
 from veo_edge.runtime.batching import Batcher, BatcherStats, ClosedError
 from veo_edge.runtime.faults import FaultyRunner, parse_faults, spec_for
 from veo_edge.runtime.policy import (
@@ -192,9 +192,10 @@ class Runtime:
         if not isinstance(x, np.ndarray):
             raise InputError(f"input is a {type(x).__name__}, expected a numpy array")
         if x.ndim != len(self.input_shape) + 1 or tuple(x.shape[1:]) != self.input_shape or not x.shape[0]:
+            meta = TensorMeta(self.input_name, (None, *self.input_shape), self.input_dtype.name)
             raise InputError(
-                f"input has shape {tuple(x.shape)}, expected (N, {', '.join(map(str, self.input_shape))}) "
-                "with N >= 1"
+                f"input {self.input_name!r} has shape {tuple(x.shape)}, expected {meta.describe()} "
+                "(N >= 1 is the batch axis)"
             )
         self._check_dtype(x)
         outs = []
