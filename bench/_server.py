@@ -1,0 +1,77 @@
+"""Shared by the serve benches: a build to serve, and a `veo-edge serve` subprocess on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+
+@contextlib.contextmanager
+def build_dir(path: str | None, model: str = "vit-nano") -> Iterator[Path]:
+    """``path`` as given, or a fresh build of ``model`` in a temporary directory."""
+    if path:
+        yield Path(path)
+        return
+    from veo_edge.export.source import BuiltinSource
+    from veo_edge.pipeline.build import BuildOptions, run_build
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / model
+        run_build(BuildOptions(source=BuiltinSource(model), out=out, quiet=True))
+        yield out
+
+
+@contextlib.contextmanager
+def server(build: Path, *args: str, timeout: float = 120.0) -> Iterator[int]:
+    """Start ``veo-edge serve BUILD --port 0 ARGS`` on 127.0.0.1, wait until ready, yield the port; SIGTERM at exit."""
+    with tempfile.NamedTemporaryFile("w+", suffix=".log") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "veo_edge.cli.main", "serve", str(build), "--port", "0", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + timeout
+            port = None
+            while port is None or not _ready(port):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the server did not come up:\n{Path(log.name).read_text()}")
+                m = re.search(r"on http://127\.0\.0\.1:(\d+)", Path(log.name).read_text())
+                port = int(m.group(1)) if m else None
+                time.sleep(0.05)
+            yield port
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+            proc.wait(60)
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def sample(build: Path, batch: int = 1, seed: int = 0) -> np.ndarray:
+    from veo_edge.builddir import BuildDir
+
+    shape = BuildDir.open(build).manifest["input_shape"]
+    return np.random.default_rng(seed).standard_normal((batch, *shape)).astype(np.float32)
+
+
+def percentiles(values_s: list[float]) -> dict[str, float]:
+    us = np.asarray(values_s) * 1e6
+    return {f"p{q}": float(np.percentile(us, q)) for q in (50, 90, 99)} | {"mean": float(us.mean())}
