@@ -47,8 +47,7 @@ def infer(
     top_k: int = typer.Option(5, "--top-k", help="Classes to show per sample."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Run an input through a build on the best backend here and print the top classes, the chosen
-    backend and why every other one was skipped."""
+    """Run an input through a build on the best backend here; print the top classes and skip reasons."""
     import numpy as np
 
     from veo_edge.runtime.runtime import Runtime

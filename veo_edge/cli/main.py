@@ -7,7 +7,7 @@ import sys
 import typer
 
 from veo_edge import __version__
-from veo_edge.cli import build, doctor, healthcheck, infer, serve
+from veo_edge.cli import build, doctor, engine, healthcheck, infer, serve
 from veo_edge.cli._common import State, console
 
 app = typer.Typer(
@@ -38,6 +38,7 @@ def _root(
 
 build.register(app)
 infer.register(app)
+engine.register(app)
 doctor.register(app)
 serve.register(app)
 healthcheck.register(app)

@@ -1,0 +1,77 @@
+"""The TensorRT backend as far as it runs without TensorRT: the skip path, the engine source, the key."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import veo_edge
+from veo_edge.builddir import BuildDir
+from veo_edge.engine.config import EngineConfig
+from veo_edge.errors import BackendUnavailableError, NoBackendError
+from veo_edge.runtime.backends import tensorrt as trt_backend
+from veo_edge.runtime.policy import check_gpu_memory
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def no_tensorrt():
+    from veo_edge.runtime.probes import probe_tensorrt
+
+    if probe_tensorrt().ok:
+        pytest.skip("TensorRT is importable here; these tests pin the machine without it")
+
+
+def test_constructing_the_runner_touches_nothing(nano_build):
+    runner = trt_backend.TensorRtRunner.for_build(BuildDir.open(nano_build), gpu_memory_budget=MIB)
+    assert not runner.is_active and runner.config.max_batch == 8 and runner.config.precision == "fp32"
+
+
+def test_activation_without_tensorrt_says_what_to_do(nano_build, no_tensorrt):
+    runner = trt_backend.TensorRtRunner(BuildDir.open(nano_build))
+    with pytest.raises(
+        BackendUnavailableError,
+        match=r"TensorRT is not importable .*No module named 'tensorrt'.*--backend openvino",
+    ):
+        runner.activate()
+
+
+def test_probe_without_tensorrt_is_a_skip_with_the_reason(nano_build, no_tensorrt):
+    v = trt_backend.probe(BuildDir.open(nano_build), free=64 << 30, budget=None, check=check_gpu_memory)
+    assert not v.ok and v.reason.startswith("TensorRT is not importable")
+
+
+def test_forced_tensorrt_on_this_machine_fails_cleanly(nano_build, cpu_only):
+    with pytest.raises(NoBackendError, match=r"\(tried tensorrt\): tensorrt: no usable NVIDIA GPU"):
+        veo_edge.Runtime(nano_build, backend="tensorrt").start()
+
+
+def test_engine_source_prefers_the_plugin_onnx(nano_build, copy_build):
+    build = BuildDir.open(nano_build)
+    src, note = trt_backend.model_source(build)
+    assert src.name == "model.onnx" and "has no plugins_onnx artifact" in note
+    path = copy_build(Path(nano_build))
+    manifest = json.loads((path / "manifest.json").read_text())
+    (path / "model.plugins.onnx").write_bytes((path / "model.onnx").read_bytes())
+    manifest["artifacts"]["plugins_onnx"] = {**manifest["artifacts"]["onnx"], "path": "model.plugins.onnx"}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    src, note = trt_backend.model_source(BuildDir.open(path))
+    assert src.name == "model.plugins.onnx" and note is None
+
+
+def test_the_key_follows_the_model_and_the_plugin_library(nano_build):
+    build = BuildDir.open(nano_build)
+
+    class Lib:
+        sha256 = "ab" * 32
+
+    key = trt_backend.engine_key(build, EngineConfig(max_batch=8), "10.3.0", ("Orin", "8.7"), Lib())
+    assert key.model_sha256 == build.manifest["artifacts"]["onnx"]["sha256"]
+    assert key.plugin_sha256 == "ab" * 32 and key.compute_capability == "8.7"
+    assert (
+        trt_backend.engine_key(
+            build, EngineConfig(max_batch=8), "10.3.0", ("Orin", "8.7"), None
+        ).plugin_sha256
+        is None
+    )
