@@ -1,0 +1,183 @@
+"""Plugin injection: the plain ONNX -> the graph TensorRT builds from, plus its runnable reference copy.
+
+    inj = PluginInjection(input_shape=(3, 224, 224))(onnx.load("model.onnx"))
+    inj.plugin_model      # plugin nodes, no function bodies (for TensorRT)
+    inj.reference_model   # the same with the ops' ONNX-function bodies (runs in ONNX Runtime)
+    inj.report            # what matched, what was replaced, and why not elsewhere
+
+One seeded run of the plain model records the activations at every candidate region's boundary; a region
+is replaced only when its structure matched, it computes the op on those activations, and nothing
+outside it uses its intermediate results.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from veo_edge.surgery import attention, patch_embed
+from veo_edge.surgery.functions import attention_function, op_model, patch_embed_function
+from veo_edge.surgery.graphutil import MatchFailure
+from veo_edge.surgery.report import RegionReport, SurgeryReport
+from veo_edge.surgery.spec import attention_spec, patch_embed_spec
+
+if TYPE_CHECKING:
+    import onnx
+
+REGION_SEED = 4321
+
+
+@dataclass
+class Injection:
+    plugin_model: onnx.ModelProto
+    reference_model: onnx.ModelProto
+    report: SurgeryReport
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+
+
+@dataclass(frozen=True)
+class PluginInjection:
+    """Inject both plugin ops into an ONNX ViT with one image or video input of ``input_shape``
+    (without the batch axis)."""
+
+    input_shape: tuple[int, ...]
+    batch: int = 2
+    seed: int = REGION_SEED
+
+    def __call__(self, model: onnx.ModelProto) -> Injection:
+        import onnx
+        import onnx_graphsurgeon as gs
+
+        opset = default_opset(model)
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        graph = gs.import_onnx(inferred)
+        report = SurgeryReport(seed=self.seed)
+        found: list[tuple[Any, Any, RegionReport]] = []  # (module, match or None, report entry)
+        for mod, op in ((patch_embed, patch_embed.OP), (attention, attention.OP)):
+            for anchor in mod.anchors(graph):
+                entry = RegionReport(
+                    op=op, anchor_op=anchor.op, anchor=anchor.name, replaced=False, matched=False
+                )
+                report.regions.append(entry)
+                try:
+                    found.append((mod, mod.match(graph, anchor), entry))
+                    entry.matched = True
+                except MatchFailure as f:
+                    entry.check, entry.detail = f.check, f.detail
+        values = self._record(model, [t for mod, m, _ in found for t in mod.wanted(m)])
+        baselines = _Baselines(opset)
+        layouts = set()
+        index = {attention.OP: 0, patch_embed.OP: 0}
+        for mod, m, entry in found:
+            try:
+                err, tol = mod.verify(
+                    m, values, baselines.attention if mod is attention else baselines.patch_embed
+                )
+                entry.max_abs, entry.tolerance = err, tol
+                if mod is patch_embed:
+                    if layouts and m.layout not in layouts:
+                        raise MatchFailure("one_layout", "a second patch embedding with another input layout")
+                    layouts.add(m.layout)
+                mod.contained(graph, m)
+            except MatchFailure as f:
+                entry.check, entry.detail = f.check, f.detail
+                continue
+            mod.replace(graph, m, index[entry.op])
+            index[entry.op] += 1
+            entry.replaced = True
+            entry.attrs = mod.describe(m)
+        graph.cleanup().toposort()
+        plugin_model = gs.export_onnx(graph, do_type_check=False)
+        plugin_model.ir_version = model.ir_version
+        del plugin_model.opset_import[:]
+        plugin_model.opset_import.extend(model.opset_import)
+        domain = attention_spec().domain
+        if report.replaced and not any(o.domain == domain for o in plugin_model.opset_import):
+            plugin_model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
+        plugin_model.producer_name = model.producer_name
+        plugin_model.producer_version = model.producer_version
+        reference_model = copy.deepcopy(plugin_model)
+        functions = []
+        if index[attention.OP]:
+            functions.append(attention_function(opset))
+        if layouts:
+            functions.append(patch_embed_function(next(iter(layouts)), opset))
+        reference_model.functions.extend(functions)
+        reference_model.ir_version = max(reference_model.ir_version, 8)
+        return Injection(plugin_model, reference_model, report)
+
+    def _record(self, model: onnx.ModelProto, tensors: list[Any]) -> dict[str, np.ndarray]:
+        """Run the plain model once on a seeded input and return the values of ``tensors``."""
+        import onnx
+        import onnxruntime as ort
+
+        from veo_edge.export.parity import seeded_inputs
+
+        input_name = model.graph.input[0].name
+        feeds = {input_name: seeded_inputs(self.input_shape, self.batch, self.seed)}
+        names = [n for n in dict.fromkeys(t.name for t in tensors) if n != input_name]
+        if not tensors:
+            return feeds
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        existing = {o.name for o in probe.graph.output}
+        probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in existing)
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        sess = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        out = dict(zip(names, sess.run(names, feeds), strict=True))
+        return {**out, **feeds}
+
+
+class _Baselines:
+    """The ops' float32 outputs from their function bodies in ONNX Runtime: the yardstick of how far a
+    float32 computation of the op lies from the float64 reference."""
+
+    def __init__(self, opset: int) -> None:
+        self.opset = opset
+        self._sessions: dict[Any, Any] = {}
+
+    def _run(self, key: Any, build: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        import onnxruntime as ort
+
+        if key not in self._sessions:
+            opts = ort.SessionOptions()
+            opts.log_severity_level = 3
+            self._sessions[key] = ort.InferenceSession(
+                build().SerializeToString(), opts, providers=["CPUExecutionProvider"]
+            )
+        return self._sessions[key].run(None, feeds)
+
+    def attention(self, qkv: np.ndarray, num_heads: int, head_dim: int, scale: float) -> np.ndarray:
+        qkv = np.ascontiguousarray(qkv, dtype=np.float32)
+        node = attention_spec().make_onnx_node(
+            ["qkv"], ["out"], num_heads=num_heads, head_dim=head_dim, scale=scale
+        )
+        key = ("attention", num_heads, head_dim, scale, qkv.shape)
+        return self._run(
+            key,
+            lambda: op_model(node, attention_function(self.opset), {"qkv": qkv}, self.opset),
+            {"qkv": qkv},
+        )[0]
+
+    def patch_embed(self, m: Any, x: np.ndarray) -> list[np.ndarray]:
+        lay = m.layout
+        arrays = [x, m.weight, m.bias]
+        arrays += [m.prefix] if m.prefix is not None else []
+        arrays += [m.pos] if m.pos is not None else []
+        arrays += [m.ln_weight, m.ln_bias] if m.ln is not None else []
+        feeds = {
+            n: np.ascontiguousarray(a, dtype=np.float32)
+            for n, a in zip(lay.input_names(), arrays, strict=True)
+        }
+        node = patch_embed_spec().make_onnx_node(lay.input_names(), lay.output_names(), **m.attrs())
+        key = ("patch_embed", id(m))
+        fn = patch_embed_function(lay, self.opset)
+        return self._run(key, lambda: op_model(node, fn, feeds, max(self.opset, 17)), feeds)
