@@ -80,6 +80,12 @@ def build(
     c.print(
         f"  parity: worst max abs {worst.max_abs:.2g} ({worst.candidate}, batch {worst.batch}), all within tolerance"
     )
+    if "surgery" in result.manifest:
+        from veo_edge.surgery.report import SurgeryReport
+
+        report = SurgeryReport.read(result.path / arts["surgery_report"]["path"])
+        for line in report.lines():
+            c.print(f"  {line}", soft_wrap=True, markup=False)
     for kind in arts:
         c.print(f"  {kind:<16} {result.path / arts[kind]['path']}")
     c.print(f"Next: [bold]veo-edge infer {result.path}[/]")

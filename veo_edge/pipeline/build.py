@@ -119,6 +119,15 @@ def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: Stage
                 parity = check_all(runs, reference, loaded.input_shape, batches, PARITY_SEED, fp16)
         with rep.stage("canary", "Recording the golden canary"):
             canary = _write_canary(stage, loaded, reference, runs, parity)
+        surgery = None
+        if opts.plugins:
+            from veo_edge.surgery.stage import run_surgery
+
+            with rep.stage("surgery", "Injecting the TensorRT plugins and checking them on the CPU"):
+                plain = lambda x: _only(ort.infer(x)).astype(np.float64)  # noqa: E731
+                surgery = run_surgery(stage, onnx_path, loaded.input_shape, plain, reference, batches, PARITY_SEED)
+            for note in surgery.notes:
+                rep.note(note)
         inputs = [m.to_dict() for m in ort.input_metadata()]
         outputs = [m.to_dict() for m in ort.output_metadata()]
     finally:
@@ -149,11 +158,14 @@ def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: Stage
         "versions": versions(),
         "timings_s": rep.timings,
     }
+    if surgery is not None:
+        artifacts.update({kind: artifact_entry(stage, path) for kind, path in surgery.artifacts.items()})
+        manifest["surgery"] = surgery.report.summary()
     plugin_lib = _plugin_library()
     if plugin_lib is not None:
         manifest["plugin_library"] = plugin_lib
     write_manifest(stage, manifest)
-    return BuildResult(path=stage, manifest=manifest, parity=parity)
+    return BuildResult(path=stage, manifest=manifest, parity=parity, notes=surgery.notes if surgery else [])
 
 
 def _only(outputs: dict[str, np.ndarray]) -> np.ndarray:

@@ -1,0 +1,63 @@
+"""``veo-edge inspect``: what a build directory holds, and what the plugin surgery did to it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from veo_edge.cli._common import console, print_json
+
+
+def inspect(
+    build_dir: Path = typer.Argument(..., help="A build directory made by `veo-edge build`."),
+    json_out: bool = typer.Option(
+        False, "--json", help="Print the manifest summary and surgery report as JSON."
+    ),
+) -> None:
+    """Show a build's manifest summary and its surgery report (what was fused, and why not elsewhere)."""
+    from veo_edge.builddir import BuildDir
+    from veo_edge.surgery.report import SurgeryReport
+
+    b = BuildDir.open(build_dir)
+    m = b.manifest
+    report = SurgeryReport.read(b.artifact("surgery_report")) if b.has("surgery_report") else None
+    summary = {
+        "path": str(b.path),
+        "model": m["model"]["name"],
+        "source": m["model"].get("source"),
+        "input_shape": m.get("input_shape"),
+        "max_batch": m.get("max_batch"),
+        "precision": m.get("precision"),
+        "export": m.get("export"),
+        "artifacts": sorted(m.get("artifacts", {})),
+    }
+    if json_out:
+        print_json({**summary, "surgery": None if report is None else report.to_dict()})
+        return
+    from rich.table import Table
+
+    c = console()
+    c.print(f"[bold]{summary['model']}[/] ({summary['source']}) at {b.path}")
+    exp = summary["export"] or {}
+    c.print(
+        f"  input {summary['input_shape']}, max batch {summary['max_batch']}, {summary['precision']}, "
+        f"exported by {exp.get('exporter')} at opset {exp.get('opset')}"
+    )
+    c.print(f"  artifacts: {', '.join(summary['artifacts'])}")
+    if report is None:
+        c.print("  no plugin surgery in this build (built with --no-plugins or by an older veo-edge)")
+        return
+    table = Table(title="Plugin surgery")
+    for col in ("op", "candidates", "matched", "replaced"):
+        table.add_column(col)
+    for op, counts in report.counts().items():
+        table.add_row(op, *(str(counts[k]) for k in ("candidates", "matched", "replaced")))
+    c.print(table)
+    for line in report.lines():
+        if not line.startswith(("VeoAttention:", "VeoPatchEmbedLayerNorm:")):
+            c.print(f"  {line}", soft_wrap=True, markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("inspect")(inspect)
