@@ -54,7 +54,9 @@ class AttentionMatch:
 
 def anchors(graph: Any) -> list[Any]:
     return [
-        n for n in graph.nodes if n.op == "Softmax" or (n.op == "Attention" and n.domain in ("", "ai.onnx"))
+        n
+        for n in graph.nodes
+        if n.op == "Softmax" or (n.op == "Attention" and (n.domain or "") in ("", "ai.onnx"))
     ]
 
 
