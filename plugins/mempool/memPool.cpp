@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
 namespace veo
@@ -24,6 +25,22 @@ void HostBackend::release(void* base, std::size_t) noexcept
     std::free(base);
 }
 
+namespace
+{
+//! `bytes` rounded up to the pool alignment; throws instead of wrapping to 0 for sizes near SIZE_MAX.
+std::size_t alignedSize(std::size_t bytes, char const* what)
+{
+    if (bytes > std::numeric_limits<std::size_t>::max() - (MemPool::kALIGNMENT - 1))
+    {
+        std::ostringstream msg;
+        msg << what << " of " << bytes << " bytes is too large (it overflows when rounded up to "
+            << MemPool::kALIGNMENT << "); pass a real byte count";
+        throw PoolError(PoolError::Code::kINVALID_ARGUMENT, msg.str());
+    }
+    return alignUp(bytes, MemPool::kALIGNMENT);
+}
+} // namespace
+
 MemPool::MemPool(std::unique_ptr<PoolBackend> backend, std::size_t capacity)
     : mBackend(std::move(backend))
 {
@@ -36,7 +53,7 @@ MemPool::MemPool(std::unique_ptr<PoolBackend> backend, std::size_t capacity)
         throw PoolError(PoolError::Code::kINVALID_ARGUMENT,
             "memory pool capacity is 0 bytes; pass the bytes to reserve (design: 4x the max-batch activation need)");
     }
-    addRegion(alignUp(capacity, kALIGNMENT));
+    addRegion(alignedSize(capacity, "memory pool capacity"));
 }
 
 MemPool::~MemPool()
@@ -127,19 +144,30 @@ void MemPool::makeFreeLocked(std::uintptr_t addr)
 
 void MemPool::reclaimLocked()
 {
+    // Compacts mPending in place. If fenceDone throws (a lost device), the entries already reclaimed are
+    // still dropped, so none is freed twice or has its fence destroyed twice on the next call.
     auto keep = mPending.begin();
-    for (auto& p : mPending)
+    auto it = mPending.begin();
+    try
     {
-        if (mBackend->fenceDone(p.fence))
+        for (; it != mPending.end(); ++it)
         {
-            mBackend->destroyFence(p.fence);
-            mStats.pendingFree -= mBlocks.at(p.addr).size;
-            makeFreeLocked(p.addr);
+            if (mBackend->fenceDone(it->fence))
+            {
+                mBackend->destroyFence(it->fence);
+                mStats.pendingFree -= mBlocks.at(it->addr).size;
+                makeFreeLocked(it->addr);
+            }
+            else
+            {
+                *keep++ = *it;
+            }
         }
-        else
-        {
-            *keep++ = p;
-        }
+    }
+    catch (...)
+    {
+        mPending.erase(keep, it);
+        throw;
     }
     mPending.erase(keep, mPending.end());
 }
@@ -150,7 +178,7 @@ void* MemPool::allocate(std::size_t bytes, void* stream)
     {
         throw PoolError(PoolError::Code::kINVALID_ARGUMENT, "cannot allocate 0 bytes from the memory pool; ask for > 0");
     }
-    std::size_t const need = alignUp(bytes, kALIGNMENT);
+    std::size_t const need = alignedSize(bytes, "allocation");
     std::lock_guard<std::mutex> lock(mMutex);
     if (!mPending.empty())
     {
@@ -225,9 +253,9 @@ void MemPool::free(void* ptr, void* stream)
             << "elsewhere); free only what this pool's allocate returned, once";
         throw PoolError(PoolError::Code::kUNKNOWN_POINTER, msg.str());
     }
+    void* fence = stream != nullptr ? mBackend->recordFence(stream) : nullptr; // may throw: nothing changed yet
     mStats.inUse -= it->second.size;
     ++mStats.freeCount;
-    void* fence = stream != nullptr ? mBackend->recordFence(stream) : nullptr;
     if (fence == nullptr)
     {
         makeFreeLocked(addr);

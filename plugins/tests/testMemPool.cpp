@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <random>
 #include <thread>
@@ -210,6 +211,135 @@ VEO_TEST(bad_frees_are_reported)
     VEO_CHECK_THROWS(pool->free(&x), PoolError, "double free, or memory from elsewhere");
     VEO_CHECK_THROWS(pool->allocate(0), PoolError, "cannot allocate 0 bytes");
     VEO_CHECK_THROWS(hostPool(0), PoolError, "capacity is 0 bytes");
+}
+
+VEO_TEST(huge_sizes_are_refused)
+{
+    // Sizes within 255 bytes of SIZE_MAX used to wrap to 0 when rounded up to 256: allocate then returned
+    // an empty slice at an address that stayed in the free index, so the next allocation overlapped it.
+    auto pool = hostPool(1 << 16);
+    std::size_t const huge = std::numeric_limits<std::size_t>::max() - 100;
+    VEO_CHECK_THROWS(pool->allocate(huge), PoolError, "too large");
+    VEO_CHECK_THROWS(hostPool(huge), PoolError, "too large");
+    void* a = pool->allocate(256);
+    void* b = pool->allocate(256);
+    VEO_CHECK(a != b);
+    VEO_CHECK_EQ(pool->stats().inUse, 512u);
+    pool->free(a);
+    pool->free(b);
+    requireSound(*pool);
+}
+
+VEO_TEST(fence_query_failure_keeps_pool_sound)
+{
+    // A fence query that throws (a lost device) in the middle of reclaiming must not leave reclaimed or
+    // duplicated entries behind: the next reclaim would free them twice.
+    struct FlakyBackend : FencedBackend
+    {
+        void* bad{nullptr};
+        bool fenceDone(void* f) override
+        {
+            if (f == bad)
+            {
+                throw PoolError(PoolError::Code::kBACKEND_UNAVAILABLE, "fence query failed");
+            }
+            return FencedBackend::fenceDone(f);
+        }
+    };
+    auto backend = std::make_unique<FlakyBackend>();
+    FlakyBackend* fb = backend.get();
+    MemPool pool(std::move(backend), 4 << 10);
+    void* s = reinterpret_cast<void*>(0x100);
+    void* a = pool.allocate(1024, s);
+    void* b = pool.allocate(1024, s);
+    void* c = pool.allocate(1024, s);
+    pool.free(a, s); // fence 1: will be done
+    pool.free(b, s); // fence 2: stays pending
+    pool.free(c, s); // fence 3: its query throws
+    fb->done.begin()->second = true;
+    fb->bad = std::next(fb->done.begin(), 2)->first;
+    VEO_CHECK_THROWS(pool.allocate(4096, s), PoolError, "fence query failed");
+    fb->bad = nullptr;
+    fb->completeAll();
+    void* all = pool.allocate(4096); // everything reclaimed exactly once: the whole region is one slice
+    VEO_CHECK_EQ(pool.stats().pendingFree, 0u);
+    pool.free(all);
+    requireSound(pool);
+}
+
+//! Fences are tickets; a ticket is done once `completed` passed it (a separate thread advances it).
+class TicketBackend : public veo::HostBackend
+{
+public:
+    std::atomic<std::uintptr_t> completed{0};
+    std::uintptr_t next{1}; // touched only under the pool's lock
+    void* recordFence(void*) override { return reinterpret_cast<void*>(next++); }
+    bool fenceDone(void* f) override { return reinterpret_cast<std::uintptr_t>(f) <= completed.load(); }
+    void destroyFence(void*) noexcept override {}
+};
+
+VEO_TEST(stream_ordered_free_threads)
+{
+    // Each thread is one stream: frees on its stream, allocates (and may reuse its own pending slices)
+    // while a completer thread retires fences. No slice may reach another thread before its fence is done.
+    auto backend = std::make_unique<TicketBackend>();
+    TicketBackend* tb = backend.get();
+    MemPool pool(std::move(backend), 8 << 20);
+    std::atomic<bool> stop{false};
+    std::atomic<int> errors{0};
+    std::thread completer([&] {
+        while (!stop.load())
+        {
+            tb->completed.fetch_add(3);
+            std::this_thread::yield();
+        }
+    });
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+    {
+        threads.emplace_back([&, t] {
+            void* stream = reinterpret_cast<void*>(static_cast<std::uintptr_t>(0x1000 * (t + 1)));
+            std::mt19937 rng(500 + t);
+            std::vector<std::pair<unsigned char*, std::size_t>> mine;
+            for (int i = 0; i < 5000; ++i)
+            {
+                if (mine.size() < 8 && (rng() % 2 == 0 || mine.empty()))
+                {
+                    std::size_t const n = 1 + rng() % 32768;
+                    auto* p = static_cast<unsigned char*>(pool.allocate(n, stream));
+                    std::memset(p, t + 1, n);
+                    mine.emplace_back(p, n);
+                }
+                else
+                {
+                    auto [p, n] = mine.back();
+                    mine.pop_back();
+                    if (p[0] != t + 1 || p[n - 1] != t + 1)
+                    {
+                        ++errors;
+                    }
+                    pool.free(p, stream);
+                }
+            }
+            for (auto [p, n] : mine)
+            {
+                pool.free(p, stream);
+            }
+        });
+    }
+    for (auto& th : threads)
+    {
+        th.join();
+    }
+    stop = true;
+    completer.join();
+    tb->completed = std::numeric_limits<std::uintptr_t>::max();
+    void* all = pool.allocate(1); // reclaims everything pending
+    pool.free(all);
+    VEO_CHECK_EQ(errors.load(), 0);
+    VEO_CHECK_EQ(pool.stats().inUse, 0u);
+    VEO_CHECK_EQ(pool.stats().pendingFree, 0u);
+    requireSound(pool);
 }
 
 VEO_TEST(stream_ordered_free)
