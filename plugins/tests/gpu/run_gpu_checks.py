@@ -303,6 +303,9 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
+    # fp32 baselines must be real fp32: TF32 convolutions/matmuls would loosen every fp32 tolerance
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     if not torch.cuda.is_available():
         print("no CUDA device visible to PyTorch; run this on a GPU machine", file=sys.stderr)
         return 2
