@@ -48,16 +48,15 @@ def test_forced_tensorrt_on_this_machine_fails_cleanly(nano_build, cpu_only):
 
 
 def test_engine_source_prefers_the_plugin_onnx(nano_build, copy_build):
-    build = BuildDir.open(nano_build)
-    src, note = trt_backend.model_source(build)
-    assert src.name == "model.onnx" and "has no plugins_onnx artifact" in note
+    src, note = trt_backend.model_source(BuildDir.open(nano_build))
+    assert src.name == "model.plugins.onnx" and note is None
+    # a build without the injected graph (e.g. --no-plugins) falls back to the plain ONNX and says so
     path = copy_build(Path(nano_build))
     manifest = json.loads((path / "manifest.json").read_text())
-    (path / "model.plugins.onnx").write_bytes((path / "model.onnx").read_bytes())
-    manifest["artifacts"]["plugins_onnx"] = {**manifest["artifacts"]["onnx"], "path": "model.plugins.onnx"}
+    del manifest["artifacts"]["plugins_onnx"]
     (path / "manifest.json").write_text(json.dumps(manifest))
     src, note = trt_backend.model_source(BuildDir.open(path))
-    assert src.name == "model.plugins.onnx" and note is None
+    assert src.name == "model.onnx" and "has no plugins_onnx artifact" in note
 
 
 def test_the_key_follows_the_model_and_the_plugin_library(nano_build):
@@ -67,7 +66,9 @@ def test_the_key_follows_the_model_and_the_plugin_library(nano_build):
         sha256 = "ab" * 32
 
     key = trt_backend.engine_key(build, EngineConfig(max_batch=8), "10.3.0", ("Orin", "8.7"), Lib())
-    assert key.model_sha256 == build.manifest["artifacts"]["onnx"]["sha256"]
+    assert (
+        key.model_sha256 == build.manifest["artifacts"]["plugins_onnx"]["sha256"]
+    )  # what the engine is built from
     assert key.plugin_sha256 == "ab" * 32 and key.compute_capability == "8.7"
     assert (
         trt_backend.engine_key(

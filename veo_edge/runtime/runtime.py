@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
@@ -52,6 +53,9 @@ from veo_edge.runtime.policy import (
 )
 
 log = logging.getLogger("veo_edge.runtime")
+
+#: how many skips and switches the runtime's state keeps (the newest); counters are not capped
+HISTORY = 256
 
 
 @dataclass(frozen=True)
@@ -135,8 +139,10 @@ class Runtime:
         self._status = {n: CandidateStatus(n, "untried") for n in self.names}
         for n in disabled:
             self._status[n] = CandidateStatus(n, "disabled", "fallback is off (--no-fallback)")
-        self._skipped: list[dict[str, str]] = []
-        self._switches: list[dict[str, Any]] = []
+        # bounded histories: a runtime that probes for recovery for days must not grow without limit
+        self._skipped: deque[dict[str, str]] = deque(maxlen=HISTORY)
+        self._switches: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self._fallback_count = 0  # failures switched away from, counted beyond the history's length
         self._sync = _Counters()
         self._batcher: Batcher | None = None
         self._started = False
@@ -338,6 +344,7 @@ class Runtime:
         to = self.names[self._active]  # type: ignore[index]
         with self._state_lock:
             self._switches.append({"from": failed, "to": to, "reason": reason, "at": time.time()})
+            self._fallback_count += 1
         log.warning("backend %s failed (%s); switched to %s and re-ran the batch", failed, reason, to)
 
     def _maybe_recover(self) -> None:
@@ -381,13 +388,12 @@ class Runtime:
     @property
     def state(self) -> RuntimeState:
         with self._state_lock:
-            failures = [s for s in self._switches if s["reason"] != "recovered"]
             return RuntimeState(
                 active_backend=self.active_backend,
                 candidates=list(self._status.values()),
                 skipped=[dict(s) for s in self._skipped],
                 switches=[dict(s) for s in self._switches],
-                fallback_count=len(failures),
+                fallback_count=self._fallback_count,
                 ready=self._started and not self._closed and self._runner is not None,
                 closed=self._closed,
             )
@@ -402,7 +408,7 @@ class Runtime:
         b = self._batcher.stats() if self._batcher is not None else BatcherStats()
         with self._state_lock:
             out = self._sync.add(b)
-            switches = len([s for s in self._switches if s["reason"] != "recovered"])
+            switches = self._fallback_count
         pool = None
         runner = self._runner
         target = getattr(runner, "inner", runner)
