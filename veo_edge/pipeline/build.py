@@ -125,7 +125,9 @@ def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: Stage
 
             with rep.stage("surgery", "Injecting the TensorRT plugins and checking them on the CPU"):
                 plain = lambda x: _only(ort.infer(x)).astype(np.float64)  # noqa: E731
-                surgery = run_surgery(stage, onnx_path, loaded.input_shape, plain, reference, batches, PARITY_SEED)
+                surgery = run_surgery(
+                    stage, onnx_path, loaded.input_shape, plain, reference, batches, PARITY_SEED
+                )
             for note in surgery.notes:
                 rep.note(note)
         inputs = [m.to_dict() for m in ort.input_metadata()]
