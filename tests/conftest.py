@@ -37,6 +37,12 @@ def video_nano_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _build(tmp_path_factory, "veo-video-nano")
 
 
+@pytest.fixture(scope="session")
+def video_tiny_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished build of veo-video-tiny, the full-size video model (8 frames, 2x16x16 tubelets). Read-only."""
+    return _build(tmp_path_factory, "veo-video-tiny")
+
+
 @pytest.fixture
 def copy_build(tmp_path: Path):
     """Copy a session build into this test's tmp dir, for tests that modify or corrupt it."""

@@ -11,8 +11,15 @@ from veo_edge.export.source import BuiltinSource, ModuleSource, OnnxSource
 from veo_edge.pipeline.build import BuildOptions, run_build
 
 
-@pytest.mark.parametrize("fixture", ["nano_build", "video_nano_build"])
-def test_manifest_indexes_every_artifact_with_its_checksum(fixture, request):
+@pytest.mark.parametrize(
+    ("fixture", "config"),
+    [
+        ("nano_build", {"embed_dim": 64, "num_classes": 10}),
+        ("video_nano_build", {"embed_dim": 64, "num_classes": 10, "num_frames": 4}),
+        ("video_tiny_build", {"embed_dim": 192, "depth": 12, "num_classes": 400, "num_frames": 8}),
+    ],
+)
+def test_manifest_indexes_every_artifact_with_its_checksum(fixture, config, request):
     path = request.getfixturevalue(fixture)
     build = BuildDir.open(path)
     m = build.manifest
@@ -25,14 +32,14 @@ def test_manifest_indexes_every_artifact_with_its_checksum(fixture, request):
     build.verify()
     assert m["max_batch"] == 8
     assert m["inputs"][0]["shape"][0] == -1 and m["inputs"][0]["dtype"] == "float32"
-    assert m["outputs"][0]["shape"] == [-1, 10]
+    assert m["outputs"][0]["shape"] == [-1, config["num_classes"]]
     assert set(m["versions"]) >= {"torch", "onnx", "onnxruntime", "openvino", "veo-edge"}
     assert set(m["timings_s"]) >= {"load", "export", "openvino", "parity", "canary"}
     assert {(p["candidate"], p["batch"]) for p in m["parity"]} == {
         ("onnxruntime", 1), ("onnxruntime", 8), ("openvino", 1), ("openvino", 8)
     }  # fmt: skip
     assert all(p["passed"] and p["max_abs"] <= p["tolerance"] for p in m["parity"])
-    assert m["model"]["config"]["embed_dim"] == 64
+    assert config.items() <= m["model"]["config"].items()
 
 
 def test_exported_onnx_has_a_dynamic_batch_and_a_modern_opset(nano_build):
@@ -42,13 +49,18 @@ def test_exported_onnx_has_a_dynamic_batch_and_a_modern_opset(nano_build):
     assert dim0.dim_param and not dim0.dim_value
 
 
-def test_canary_reproduces_on_both_cpu_backends(nano_build):
+@pytest.mark.parametrize(
+    ("fixture", "input_shape", "classes"),
+    [("nano_build", (3, 32, 32), 10), ("video_tiny_build", (3, 8, 112, 112), 400)],
+)
+def test_canary_reproduces_on_both_cpu_backends(fixture, input_shape, classes, request):
     from veo_edge.runtime.loaders import cpu_runner
 
-    build = BuildDir.open(nano_build)
-    x = np.load(nano_build / "canary" / "input.npy")
-    expected = np.load(nano_build / "canary" / "expected.npy")
-    assert x.shape == (1, 3, 32, 32) and expected.shape == (1, 10)
+    path = request.getfixturevalue(fixture)
+    build = BuildDir.open(path)
+    x = np.load(path / "canary" / "input.npy")
+    expected = np.load(path / "canary" / "expected.npy")
+    assert x.shape == (1, *input_shape) and expected.shape == (1, classes)
     for backend in ("openvino", "onnxruntime"):
         with cpu_runner(build, backend) as runner:
             got = next(iter(runner.infer(x).values()))
