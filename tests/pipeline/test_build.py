@@ -184,3 +184,15 @@ def test_open_rejects_non_builds_and_corrupt_artifacts(nano_build, copy_build, t
     (broken / "manifest.json").write_text(json.dumps({"schema_version": 99}))
     with pytest.raises(BuildDirError, match="schema version 99"):
         BuildDir.open(broken)
+
+
+def test_build_records_the_plugin_library_when_one_is_present(tmp_path, monkeypatch):
+    from veo_edge.builddir import sha256_file
+
+    lib = tmp_path / "libveo_edge_plugins.so"
+    lib.write_bytes(b"\x7fELF stand-in for a library built where TensorRT is")
+    monkeypatch.setenv("VEO_EDGE_PLUGIN_LIB", str(lib))
+    out = tmp_path / "b"
+    m = run_build(BuildOptions(source=BuiltinSource("vit-nano"), out=out, quiet=True, max_batch=2)).manifest
+    assert m["plugin_library"] == {"path": str(lib), "sha256": sha256_file(lib), "bytes": lib.stat().st_size}
+    assert BuildDir.open(out).manifest["plugin_library"]["sha256"] == sha256_file(lib)
