@@ -17,8 +17,11 @@ from typing import Any
 
 from veo_edge.errors import VeoEdgeError
 
-#: ``plugins/`` beside the package (the repository root of an editable install)
-PLUGINS_DIR = Path(__file__).resolve().parents[2] / "plugins"
+#: ``plugins/`` beside the package (the repository root of a source checkout or an editable install)
+SOURCE_PLUGINS_DIR = Path(__file__).resolve().parents[2] / "plugins"
+#: the copy a wheel ships (see setup.py), for installs without the source tree
+PACKAGED_PLUGINS_DIR = Path(__file__).resolve().parents[1] / "_plugin_specs"
+PLUGINS_DIR = SOURCE_PLUGINS_DIR if SOURCE_PLUGINS_DIR.is_dir() else PACKAGED_PLUGINS_DIR
 #: spec file folder per op name
 SPEC_DIRS = {"VeoAttention": "veoAttention", "VeoPatchEmbedLayerNorm": "veoPatchEmbedLayerNorm"}
 _ATTR_TYPES = ("int", "ints", "float", "floats", "string")
