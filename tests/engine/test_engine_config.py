@@ -9,6 +9,7 @@ from veo_edge.engine.config import (
     io_bytes,
     pool_capacity,
     precision_plan,
+    uses_device_memory_v2,
 )
 from veo_edge.errors import BackendUnavailableError, UsageError
 
@@ -70,3 +71,12 @@ def test_memory_arithmetic():
     assert engine_gpu_bytes(50 * MIB, 100 * MIB, 0) == 175 * MIB
     assert estimate_unbuilt_gpu_bytes(40 * MIB, 0, "fp16") == 20 * MIB + 25 * MIB
     assert estimate_unbuilt_gpu_bytes(40 * MIB, 0, "fp32") == 40 * MIB + 50 * MIB
+
+
+@pytest.mark.parametrize(
+    ("version", "v2"),
+    [("10.0.1.6", False), ("10.1.0", True), ("10.3.0", True), ("11.0.0", True), ("11.1.0.7", True)],
+)
+def test_device_memory_api_follows_the_version(version, v2):
+    # set_device_memory(ptr, size) / device_memory_size_v2 arrived in 10.1; 11.0 dropped device_memory_size
+    assert uses_device_memory_v2(version) is v2

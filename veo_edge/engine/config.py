@@ -14,6 +14,9 @@ PRECISIONS = ("fp32", "fp16")
 MIN_TRT = Version("10.0")
 #: TensorRT 11 removed the weak-typing precision flags: FP16 comes from an FP16 ONNX, strongly typed
 STRONG_TYPING_ONLY = Version("11.0")
+#: ``IExecutionContext.set_device_memory(ptr, size)`` and ``ICudaEngine.device_memory_size_v2`` appeared in
+#: 10.1 (python/src/infer/pyCore.cpp, tags v10.0.1 vs v10.1.0); 11.0 removed 10.0's ``device_memory_size``
+DEVICE_MEMORY_V2 = Version("10.1")
 #: the memory pool region is this many times the context's need (a second context, reallocation slack)
 POOL_FACTOR = 1.25
 DEFAULT_WORKSPACE = 1 << 30
@@ -24,7 +27,9 @@ class PrecisionPlan:
     """How to get ``precision`` out of a given TensorRT version."""
 
     precision: str
-    strongly_typed: bool  # NetworkDefinitionCreationFlag.STRONGLY_TYPED
+    #: the network is strongly typed: in 11.x always (its ``STRONGLY_TYPED`` creation flag is deprecated and
+    #: ignored, NvInfer.h v11.1), so no creation flag is ever passed; 10.x builds weakly typed networks
+    strongly_typed: bool
     fp16_flag: bool  # BuilderFlag.FP16 (10.x only)
     fp16_onnx: bool  # parse an FP16 ONNX made at build time (11.x)
 
@@ -49,6 +54,13 @@ def precision_plan(version: str, precision: str) -> PrecisionPlan:
     if v >= STRONG_TYPING_ONLY:
         return PrecisionPlan(precision, strongly_typed=True, fp16_flag=False, fp16_onnx=fp16)
     return PrecisionPlan(precision, strongly_typed=False, fp16_flag=fp16, fp16_onnx=False)
+
+
+def uses_device_memory_v2(version: str) -> bool:
+    """Whether this TensorRT sizes and hands over USER_MANAGED activation memory with the V2 API
+    (``device_memory_size_v2`` / ``set_device_memory(ptr, size)``) rather than 10.0's
+    ``device_memory_size`` / ``context.device_memory = ptr``."""
+    return trt_version(version) >= DEVICE_MEMORY_V2
 
 
 @dataclass(frozen=True)

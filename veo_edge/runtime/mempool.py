@@ -37,6 +37,10 @@ class MemPoolError(VeoEdgeError):
     """The pool refused an operation (exhausted without overflow, bad pointer, bad argument)."""
 
 
+class MemPoolOutOfMemoryError(MemPoolError):
+    """The pool, or the device/host allocation behind it (cudaMalloc), ran out of memory."""
+
+
 class _Stats(ctypes.Structure):
     _fields_ = [  # the C struct's field order (veoMempool.h)
         ("capacity", ctypes.c_uint64),
@@ -157,7 +161,7 @@ class MemPool:
         if status == _UNAVAILABLE:
             raise BackendUnavailableError(msg)
         if status == _OOM:
-            raise MemPoolError(msg)
+            raise MemPoolOutOfMemoryError(msg)
         if status in (_INVALID, _UNKNOWN_PTR):
             raise MemPoolError(msg)
         raise BackendError(f"memory pool internal error (status {status}): {msg}")

@@ -34,6 +34,7 @@ from veo_edge.engine.config import (
     io_bytes,
     pool_capacity,
     precision_plan,
+    uses_device_memory_v2,
 )
 from veo_edge.errors import (
     BackendError,
@@ -48,7 +49,14 @@ log = logging.getLogger("veo_edge.runtime.tensorrt")
 
 #: cudaError_t values the runtime treats specially
 _CUDA_OOM = 2  # cudaErrorMemoryAllocation
-_CUDA_DEVICE_LOST = {46, 700, 702, 719, 999}  # unavailable, illegal address, timeout, launch failure, unknown
+#: devices unavailable, ECC uncorrectable, illegal address, launch timeout, the sticky kernel faults that leave
+#: the context unusable (assert, hardware stack, illegal instruction, misaligned address, invalid address
+#: space, invalid PC, launch failure), unknown
+_CUDA_DEVICE_LOST = {46, 214, 700, 702, 710, 714, 715, 716, 717, 718, 719, 999}
+#: plugin libraries TensorRT's registry has loaded in this process, by path: IPluginRegistry::loadLibrary
+#: returns None (never raises) when it fails, including when the library's creators are already registered,
+#: so a second activation in the same process must not load it again (NvInferRuntimeCommon.h, v10.3.0/v11.1)
+_LOADED_PLUGIN_LIBRARIES: dict[str, Any] = {}
 
 
 # -- plain decisions (no TensorRT) ----------------------------------------------------------------
@@ -210,8 +218,10 @@ def _cudart() -> Any:
 
 
 def _cuda_check(result: Any, what: str) -> Any:
+    """cuda-python returns ``(cudaError_t, *values)``; raise on an error, return the value(s)."""
     err, *rest = result if isinstance(result, tuple) else (result,)
-    code = int(err)
+    # cudaError_t is an IntEnum in cuda-python 12; ``.value`` is how TensorRT 11.1's samples read it
+    code = int(getattr(err, "value", err))
     if code == _CUDA_OOM:
         raise CudaOutOfMemoryError(f"CUDA out of memory during {what}; lower the load or --max-batch")
     if code in _CUDA_DEVICE_LOST:
@@ -222,15 +232,37 @@ def _cuda_check(result: Any, what: str) -> Any:
 
 
 def load_plugins(trt: Any, logger: Any, plugin: Any) -> None:
+    """Register TensorRT's own plugins and, once per process, veo-edge's library (its ``getCreators``)."""
     trt.init_libnvinfer_plugins(logger, "")
-    if plugin is not None:
-        try:
-            trt.get_plugin_registry().load_library(str(plugin.path))
-        except Exception as e:
-            raise BackendUnavailableError(
-                f"TensorRT could not load the plugin library {plugin.path}: {e}; rebuild it with `make plugins` "
-                "against this TensorRT"
-            ) from e
+    if plugin is None or str(plugin.path) in _LOADED_PLUGIN_LIBRARIES:
+        return
+    try:
+        handle = trt.get_plugin_registry().load_library(str(plugin.path))
+        error = None if handle is not None else "the registry refused it (see the TensorRT log)"
+    except Exception as e:  # loadLibrary is noexcept; a binding-level failure still lands here
+        handle, error = None, f"{type(e).__name__}: {e}"
+    if handle is None:
+        raise BackendUnavailableError(
+            f"TensorRT could not load the plugin library {plugin.path}: {error}; rebuild it with `make plugins` "
+            "against this TensorRT"
+        )
+    _LOADED_PLUGIN_LIBRARIES[str(plugin.path)] = handle
+
+
+def _timing_cache(cfg: Any, path: Path) -> Any:
+    """The on-disk timing cache attached to ``cfg``; a fresh one when it is corrupt or from another device
+    (``set_timing_cache`` returns False on a device-property mismatch, NvInfer.h v10.3.0/v11.1)."""
+    if path.is_file():
+        cache = cfg.create_timing_cache(path.read_bytes())
+        if cache is not None and cfg.set_timing_cache(cache, ignore_mismatch=False):
+            return cache
+        log.warning(
+            "timing cache %s is unusable here (corrupt or from another device); starting a new one", path
+        )
+    cache = cfg.create_timing_cache(b"")
+    if cache is None or not cfg.set_timing_cache(cache, ignore_mismatch=False):
+        raise BackendError("TensorRT could not create an empty timing cache; run with --debug for its log")
+    return cache
 
 
 def build_engine(
@@ -244,8 +276,9 @@ def build_engine(
     if plan.fp16_onnx:
         src = make_fp16_onnx(src, cache / f"{src.stem}.fp16.onnx")
     builder = trt.Builder(logger)
-    flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED) if plan.strongly_typed else 0
-    network = builder.create_network(flags)
+    # no creation flags: 10.x networks are explicit-batch without EXPLICIT_BATCH (deprecated in 10.0, gone in
+    # 11.0) and weakly typed; 11.x networks are always strongly typed (STRONGLY_TYPED is deprecated, ignored)
+    network = builder.create_network(0)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(src)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
@@ -260,14 +293,27 @@ def build_engine(
     profile.set_shape(network.get_input(0).name, lo, opt, hi)
     cfg.add_optimization_profile(profile)
     tc_path = timing_cache_path(cache, key)
-    timing = cfg.create_timing_cache(tc_path.read_bytes() if tc_path.is_file() else b"")
-    cfg.set_timing_cache(timing, ignore_mismatch=False)
+    timing = _timing_cache(cfg, tc_path)
     serialized = builder.build_serialized_network(network, cfg)
     if serialized is None:
         raise BackendError(f"TensorRT failed to build an engine from {src}; run with --debug for its log")
     cache.mkdir(parents=True, exist_ok=True)
-    tc_path.write_bytes(bytes(cfg.get_timing_cache().serialize()))
+    tc_path.write_bytes(bytes(timing.serialize()))  # the attached cache, updated in place by the build
     return bytes(serialized)
+
+
+def device_memory_size(trt: Any, engine: Any) -> int:
+    """Activation bytes a USER_MANAGED context needs (over all profiles)."""
+    if uses_device_memory_v2(trt.__version__):
+        return int(engine.device_memory_size_v2)
+    return int(engine.device_memory_size)  # 10.0
+
+
+def set_device_memory(trt: Any, context: Any, ptr: int, size: int) -> None:
+    if uses_device_memory_v2(trt.__version__):
+        context.set_device_memory(ptr, size)
+    else:  # 10.0 has only the size-less setter
+        context.device_memory = ptr
 
 
 def load_or_build_engine(
@@ -294,7 +340,7 @@ def load_or_build_engine(
     engine = runtime.deserialize_cuda_engine(blob)
     if engine is None:
         raise BackendError("TensorRT could not deserialise the engine it just built")
-    entry.write(key, blob, device_memory_size=int(engine.device_memory_size_v2))
+    entry.write(key, blob, device_memory_size=device_memory_size(trt, engine))
     return trt, logger, engine, entry, f"built: {why}"
 
 
@@ -317,7 +363,7 @@ class TensorRtRunner(Runner):
         return cls(build, **options)
 
     def _activate(self) -> None:
-        from veo_edge.runtime.mempool import MemPool
+        from veo_edge.runtime.mempool import MemPool, MemPoolError, MemPoolOutOfMemoryError
 
         _trt()  # the library first: its absence is the reason a user most needs to read
         cudart = _cudart()
@@ -327,23 +373,39 @@ class TensorRtRunner(Runner):
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         outputs = [n for n in names if n not in inputs]
+        dtypes = {n: engine.get_tensor_dtype(n) for n in names}
+        if len(inputs) != 1 or len(outputs) != 1 or any(d != trt.DataType.FLOAT for d in dtypes.values()):
+            raise BackendError(
+                f"the engine's I/O is {dtypes}; veo-edge runs one FP32 input and one FP32 output (rebuild the engine)"
+            )
         sample = tuple(self.build.manifest["input_shape"])
         out_shape = tuple(self.build.manifest["outputs"][0]["shape"][1:])
-        act = int(engine.device_memory_size_v2)
+        act = device_memory_size(trt, engine)
         io = io_bytes(sample, out_shape, self.max_batch)
-        pool = MemPool("cuda", capacity=pool_capacity(act, io))
+        try:
+            pool = MemPool("cuda", capacity=pool_capacity(act, io))
+        except MemPoolOutOfMemoryError as e:
+            raise CudaOutOfMemoryError(f"CUDA out of memory reserving the TensorRT memory pool: {e}") from e
         try:
             stream = _cuda_check(cudart.cudaStreamCreate(), "stream creation")
             context = engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
+            if context is None:
+                raise BackendError("TensorRT could not create an execution context; see its log (--debug)")
             act_ptr = pool.alloc(max(act, 1), int(stream))
-            context.set_device_memory(act_ptr, act)
+            set_device_memory(trt, context, act_ptr, act)
             d_in = pool.alloc(self.max_batch * math.prod(sample) * 4, int(stream))
             d_out = pool.alloc(self.max_batch * math.prod(out_shape) * 4, int(stream))
-        except Exception:
+            if not (
+                context.set_tensor_address(inputs[0], d_in) and context.set_tensor_address(outputs[0], d_out)
+            ):
+                raise BackendError("TensorRT rejected the I/O buffer addresses; see its log (--debug)")
+        except Exception as e:
             pool.close()
+            if isinstance(e, MemPoolOutOfMemoryError):
+                raise CudaOutOfMemoryError(f"CUDA out of memory allocating TensorRT buffers: {e}") from e
+            if isinstance(e, MemPoolError):  # a VeoEdgeError the runtime would not treat as a backend failure
+                raise BackendError(f"the TensorRT memory pool failed: {e}") from e
             raise
-        context.set_tensor_address(inputs[0], d_in)
-        context.set_tensor_address(outputs[0], d_out)
         self._inputs = [TensorMeta(inputs[0], (None, *sample), "float32")]
         self._outputs = [TensorMeta(outputs[0], (None, *out_shape), "float32")]
         self._state = dict(
