@@ -206,3 +206,59 @@ def test_an_engine_with_non_fp32_io_is_refused(monkeypatch, nano_build):
     )
     with pytest.raises(BackendError, match="one FP32 input and one FP32 output"):
         trt_backend.TensorRtRunner(BuildDir.open(nano_build)).activate()
+
+
+def test_a_failed_activation_releases_its_stream_and_pool(monkeypatch, nano_build, pool_lib):
+    """The context cannot be created: the stream made for it is destroyed and the (real, host) pool
+    closed, so a runtime retrying activation leaks nothing."""
+    from veo_edge.builddir import BuildDir
+    from veo_edge.runtime import mempool
+
+    class Mode(enum.Enum):
+        INPUT = 1
+        OUTPUT = 2
+
+    trt = SimpleNamespace(
+        __version__="10.3.0",
+        TensorIOMode=Mode,
+        DataType=SimpleNamespace(FLOAT="float"),
+        ExecutionContextAllocationStrategy=SimpleNamespace(USER_MANAGED="user"),
+    )
+    engine = SimpleNamespace(
+        num_io_tensors=2,
+        device_memory_size_v2=1 << 16,
+        get_tensor_name=lambda i: ["x", "y"][i],
+        get_tensor_mode=lambda n: Mode.INPUT if n == "x" else Mode.OUTPUT,
+        get_tensor_dtype=lambda n: "float",
+        create_execution_context=lambda strategy: None,  # TensorRT returns None on failure
+    )
+    streams = {"created": 0, "destroyed": 0}
+
+    def create():
+        streams["created"] += 1
+        return (_Err.cudaSuccess, 1234)
+
+    def destroy(stream):
+        streams["destroyed"] += 1
+        return (_Err.cudaSuccess,)
+
+    pools = []
+    real_pool = mempool.MemPool
+
+    def host_pool(backend, capacity):
+        pools.append(real_pool("host", capacity=capacity, library=pool_lib))
+        return pools[-1]
+
+    cudart = SimpleNamespace(cudaStreamCreate=create, cudaStreamDestroy=destroy)
+    monkeypatch.setattr(trt_backend, "_trt", lambda: trt)
+    monkeypatch.setattr(trt_backend, "_cudart", lambda: cudart)
+    monkeypatch.setattr(
+        trt_backend, "load_or_build_engine", lambda *a, **k: (trt, None, engine, None, "cached")
+    )
+    monkeypatch.setattr(mempool, "MemPool", host_pool)
+    with pytest.raises(BackendError, match="could not create an execution context"):
+        trt_backend.TensorRtRunner(BuildDir.open(nano_build)).activate()
+    assert streams == {"created": 1, "destroyed": 1}
+    assert len(pools) == 1
+    with pytest.raises(mempool.MemPoolError, match="this memory pool is closed"):
+        pools[0].stats()

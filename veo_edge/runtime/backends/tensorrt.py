@@ -386,6 +386,7 @@ class TensorRtRunner(Runner):
             pool = MemPool("cuda", capacity=pool_capacity(act, io))
         except MemPoolOutOfMemoryError as e:
             raise CudaOutOfMemoryError(f"CUDA out of memory reserving the TensorRT memory pool: {e}") from e
+        stream = None
         try:
             stream = _cuda_check(cudart.cudaStreamCreate(), "stream creation")
             context = engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
@@ -400,6 +401,8 @@ class TensorRtRunner(Runner):
             ):
                 raise BackendError("TensorRT rejected the I/O buffer addresses; see its log (--debug)")
         except Exception as e:
+            if stream is not None:  # a partial activation must not leak its stream (a retry loop would)
+                cudart.cudaStreamDestroy(stream)
             pool.close()
             if isinstance(e, MemPoolOutOfMemoryError):
                 raise CudaOutOfMemoryError(f"CUDA out of memory allocating TensorRT buffers: {e}") from e
