@@ -1,17 +1,25 @@
 SHELL := /bin/bash
 # veo-edge developer entry points. `make demo` and `make test` are the two README commands.
-PYTHON ?= python3
+# Everything installs into a virtual environment of the checkout (.venv), so two checkouts (yours and
+# CI's, say) never overwrite each other's editable install. BASE_PYTHON makes it; VENV moves it.
+BASE_PYTHON ?= python3
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
 PIP := $(PYTHON) -m pip
 
 .PHONY: setup demo plugins lint test
 
+$(PYTHON):
+	$(BASE_PYTHON) -m venv $(VENV)
+
 # torch is pinned: 2.13.0 is the CPU build that pip takes from the machine's local disk
-setup:
+setup: $(PYTHON)
 	$(PIP) install --quiet --disable-pip-version-check torch==2.13.0 -e '.[dev]'
 
 # set up, then build the built-in default model (vit-tiny) into ./vit-tiny
 demo: setup
 	$(PYTHON) -m veo_edge build --force
+	@echo "veo-edge is installed in $(VENV): run '. $(VENV)/bin/activate' to put veo-edge on your PATH"
 
 # the C++ half: memory pool + tests always, CUDA kernels where nvcc is, TensorRT glue where TensorRT is
 plugins:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -43,10 +47,12 @@ class OnnxExport:
         }
         if self.exporter == "dynamo":
             batch = torch.export.Dim("batch", min=1, max=max(self.max_batch, 2))
-            kwargs.update(dynamo=True, dynamic_shapes={_first_arg(module): {0: batch}}, optimize=True)
+            kwargs.update(
+                dynamo=True, dynamic_shapes={_first_arg(module): {0: batch}}, optimize=True, verbose=False
+            )
         else:
             kwargs.update(dynamo=False, dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}})
-        with warnings.catch_warnings(), torch.no_grad():
+        with warnings.catch_warnings(), torch.no_grad(), _quiet_exporter():
             warnings.simplefilter("ignore")
             try:
                 torch.onnx.export(module.eval(), (sample,), str(path), **kwargs)
@@ -57,6 +63,20 @@ class OnnxExport:
                 ) from e
         check_onnx(path)
         return path
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """Keep the exporter's own chatter off the user's terminal: torch's dynamo exporter prints progress on
+    stdout whatever ``verbose`` says (that would break ``--json``) and logs warnings such as "torchvision is
+    not installed" through handlers of its own. Errors still raise."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logging.disable(previous)
 
 
 def _first_arg(module: nn.Module) -> str:
