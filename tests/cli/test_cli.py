@@ -133,3 +133,19 @@ def test_successful_build_says_where_and_what_next(tmp_path):
     assert "Checking parity with PyTorch" in r.stderr  # the progress display goes to stderr
     quiet = veo("build", "--model", "veo-video-nano", "--force", "--quiet", cwd=tmp_path)
     assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
+
+
+def test_dynamo_at_opset_23_is_quiet_and_its_attention_ops_are_fused(tmp_path):
+    """torch's dynamo exporter emits the ONNX Attention op at opset 23, and prints progress of its own
+    unless kept quiet: --quiet must stay silent and the surgery must fuse what that exporter made."""
+    import onnx
+
+    r = veo("build", "--model", "vit-nano", "--exporter", "dynamo", "--opset", "23", "--max-batch", "2",
+            "--quiet", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "" and r.stderr == ""
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "vit-nano" / "model.onnx")).graph.node}
+    assert "Attention" in ops
+    counts = json.loads((tmp_path / "vit-nano" / "manifest.json").read_text())["surgery"]["counts"]
+    assert counts["VeoAttention"] == {"candidates": 2, "matched": 2, "replaced": 2}
+    assert counts["VeoPatchEmbedLayerNorm"]["replaced"] == 1
