@@ -149,35 +149,43 @@ def test_activation_memory_uses_the_api_of_the_version(version, size, call):
     assert ctx.calls == [call]
 
 
+class _Mode(enum.Enum):
+    INPUT = 1
+    OUTPUT = 2
+
+
+def _activation_stand_ins(monkeypatch, version="10.3.0", out_dtype="float", context=None, cudart=None):
+    """tensorrt and cuda-python stand-ins for TensorRtRunner.activate: an engine with input "x" and output
+    "y" (one FP32 input; ``out_dtype`` for the output), as load_or_build_engine would hand it over."""
+    trt = SimpleNamespace(
+        __version__=version,
+        TensorIOMode=_Mode,
+        DataType=SimpleNamespace(FLOAT="float"),
+        ExecutionContextAllocationStrategy=SimpleNamespace(USER_MANAGED="user"),
+    )
+    engine = SimpleNamespace(
+        num_io_tensors=2,
+        device_memory_size_v2=1 << 16,
+        get_tensor_name=lambda i: ["x", "y"][i],
+        get_tensor_mode=lambda n: _Mode.INPUT if n == "x" else _Mode.OUTPUT,
+        get_tensor_dtype=lambda n: out_dtype if n == "y" else "float",
+        create_execution_context=lambda strategy: context,
+    )
+    monkeypatch.setattr(trt_backend, "_trt", lambda: trt)
+    monkeypatch.setattr(trt_backend, "_cudart", lambda: cudart or SimpleNamespace())
+    monkeypatch.setattr(
+        trt_backend, "load_or_build_engine", lambda *a, **k: (trt, None, engine, None, "cached")
+    )
+
+
 def test_pool_out_of_memory_at_activation_is_a_cuda_oom(monkeypatch, nano_build):
     from veo_edge.builddir import BuildDir
     from veo_edge.runtime import mempool
 
-    class Mode(enum.Enum):
-        INPUT = 1
-        OUTPUT = 2
-
-    trt = SimpleNamespace(
-        __version__="10.3.0",
-        TensorIOMode=Mode,
-        DataType=SimpleNamespace(FLOAT="float"),
-    )
-    engine = SimpleNamespace(
-        num_io_tensors=2,
-        device_memory_size_v2=1 << 20,
-        get_tensor_name=lambda i: ["x", "y"][i],
-        get_tensor_mode=lambda n: Mode.INPUT if n == "x" else Mode.OUTPUT,
-        get_tensor_dtype=lambda n: "float",
-    )
-
     def no_memory(*a, **k):
         raise mempool.MemPoolOutOfMemoryError("cudaMalloc of 5 bytes failed: out of memory")
 
-    monkeypatch.setattr(trt_backend, "_trt", lambda: trt)
-    monkeypatch.setattr(trt_backend, "_cudart", lambda: SimpleNamespace())
-    monkeypatch.setattr(
-        trt_backend, "load_or_build_engine", lambda *a, **k: (trt, None, engine, None, "cached")
-    )
+    _activation_stand_ins(monkeypatch)
     monkeypatch.setattr(mempool, "MemPool", no_memory)
     runner = trt_backend.TensorRtRunner(BuildDir.open(nano_build))
     with pytest.raises(CudaOutOfMemoryError, match="reserving the TensorRT memory pool"):
@@ -188,50 +196,17 @@ def test_pool_out_of_memory_at_activation_is_a_cuda_oom(monkeypatch, nano_build)
 def test_an_engine_with_non_fp32_io_is_refused(monkeypatch, nano_build):
     from veo_edge.builddir import BuildDir
 
-    class Mode(enum.Enum):
-        INPUT = 1
-        OUTPUT = 2
-
-    trt = SimpleNamespace(__version__="11.1.0", TensorIOMode=Mode, DataType=SimpleNamespace(FLOAT="float"))
-    engine = SimpleNamespace(
-        num_io_tensors=2,
-        get_tensor_name=lambda i: ["x", "y"][i],
-        get_tensor_mode=lambda n: Mode.INPUT if n == "x" else Mode.OUTPUT,
-        get_tensor_dtype=lambda n: "half" if n == "y" else "float",
-    )
-    monkeypatch.setattr(trt_backend, "_trt", lambda: trt)
-    monkeypatch.setattr(trt_backend, "_cudart", lambda: SimpleNamespace())
-    monkeypatch.setattr(
-        trt_backend, "load_or_build_engine", lambda *a, **k: (trt, None, engine, None, "cached")
-    )
+    _activation_stand_ins(monkeypatch, version="11.1.0", out_dtype="half")
     with pytest.raises(BackendError, match="one FP32 input and one FP32 output"):
         trt_backend.TensorRtRunner(BuildDir.open(nano_build)).activate()
 
 
 def test_a_failed_activation_releases_its_stream_and_pool(monkeypatch, nano_build, pool_lib):
-    """The context cannot be created: the stream made for it is destroyed and the (real, host) pool
-    closed, so a runtime retrying activation leaks nothing."""
+    """The context cannot be created (TensorRT returns None): the stream made for it is destroyed and
+    the (real, host) pool closed, so a runtime retrying activation leaks nothing."""
     from veo_edge.builddir import BuildDir
     from veo_edge.runtime import mempool
 
-    class Mode(enum.Enum):
-        INPUT = 1
-        OUTPUT = 2
-
-    trt = SimpleNamespace(
-        __version__="10.3.0",
-        TensorIOMode=Mode,
-        DataType=SimpleNamespace(FLOAT="float"),
-        ExecutionContextAllocationStrategy=SimpleNamespace(USER_MANAGED="user"),
-    )
-    engine = SimpleNamespace(
-        num_io_tensors=2,
-        device_memory_size_v2=1 << 16,
-        get_tensor_name=lambda i: ["x", "y"][i],
-        get_tensor_mode=lambda n: Mode.INPUT if n == "x" else Mode.OUTPUT,
-        get_tensor_dtype=lambda n: "float",
-        create_execution_context=lambda strategy: None,  # TensorRT returns None on failure
-    )
     streams = {"created": 0, "destroyed": 0}
 
     def create():
@@ -250,11 +225,7 @@ def test_a_failed_activation_releases_its_stream_and_pool(monkeypatch, nano_buil
         return pools[-1]
 
     cudart = SimpleNamespace(cudaStreamCreate=create, cudaStreamDestroy=destroy)
-    monkeypatch.setattr(trt_backend, "_trt", lambda: trt)
-    monkeypatch.setattr(trt_backend, "_cudart", lambda: cudart)
-    monkeypatch.setattr(
-        trt_backend, "load_or_build_engine", lambda *a, **k: (trt, None, engine, None, "cached")
-    )
+    _activation_stand_ins(monkeypatch, context=None, cudart=cudart)
     monkeypatch.setattr(mempool, "MemPool", host_pool)
     with pytest.raises(BackendError, match="could not create an execution context"):
         trt_backend.TensorRtRunner(BuildDir.open(nano_build)).activate()
