@@ -147,6 +147,29 @@ def test_cancelled_requests_are_not_run() -> None:
     assert b.stats().requests_success == 1
 
 
+def test_cancelled_requests_do_not_hold_queue_slots() -> None:
+    """A caller that gives up (the server cancels the queued samples of a request it rejected halfway)
+    must not keep later callers out of a full queue."""
+    gate = threading.Event()
+    b = Batcher(lambda x: (gate.wait(30), double(x))[1], SHAPE, "float32", 1, 0, max_queue=1)
+    running = b.submit(np.ones(SHAPE, np.float32))
+    for _ in range(3000):  # bounded wait until the batching thread has taken it off the queue
+        if b.pending == 0:
+            break
+        threading.Event().wait(0.01)
+    assert b.pending == 0
+    queued = b.submit(np.ones(SHAPE, np.float32))
+    with pytest.raises(OverloadedError, match=r"request queue is full \(1 pending\)"):
+        b.submit(np.ones(SHAPE, np.float32))
+    assert queued.cancel()
+    later = b.submit(np.full(SHAPE, 3.0, np.float32))  # the cancelled sample's slot is free again
+    gate.set()
+    assert float(running.result(timeout=30)[0]) == 2.0
+    assert float(later.result(timeout=30)[0]) == 6.0
+    b.close()
+    assert b.stats().requests_success == 2
+
+
 def test_configuration_is_validated() -> None:
     with pytest.raises(UsageError, match="max_batch must be >= 1, got 0"):
         Batcher(double, SHAPE, "float32", max_batch=0)

@@ -101,6 +101,11 @@ class Batcher:
             if not self._accepting:
                 raise ClosedError("the runtime is closed and accepts no more requests; start a new one")
             if len(self._queue) >= self.max_queue:
+                # samples whose callers gave up (a multi-sample request rejected halfway) hold no slot
+                live = [it for it in self._queue if not it.future.cancelled()]
+                if len(live) < len(self._queue):
+                    self._queue = collections.deque(live)
+            if len(self._queue) >= self.max_queue:
                 raise OverloadedError(
                     f"request queue is full ({self.max_queue} pending); retry later, lower the request "
                     "rate, or raise max_queue"
