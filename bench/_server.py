@@ -67,9 +67,9 @@ def _ready(port: int) -> bool:
 
 def sample(build: Path, batch: int = 1, seed: int = 0) -> np.ndarray:
     from veo_edge.builddir import BuildDir
+    from veo_edge.export.parity import seeded_inputs
 
-    shape = BuildDir.open(build).manifest["input_shape"]
-    return np.random.default_rng(seed).standard_normal((batch, *shape)).astype(np.float32)
+    return seeded_inputs(tuple(BuildDir.open(build).manifest["input_shape"]), batch, seed)
 
 
 def percentiles(values_s: list[float]) -> dict[str, float]:

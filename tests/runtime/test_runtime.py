@@ -13,6 +13,7 @@ import pytest
 import veo_edge
 from veo_edge.builddir import BuildDir
 from veo_edge.errors import InputError, NoBackendError, UsageError
+from veo_edge.export.parity import seeded_inputs
 from veo_edge.runtime.batching import ClosedError
 from veo_edge.runtime.faults import InjectedOutOfMemoryError
 from veo_edge.runtime.loaders import cpu_runner
@@ -21,7 +22,7 @@ CPU_CHAIN = ["onnxruntime", "openvino"]
 
 
 def seeded(n: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((n, *shape)).astype(np.float32)
+    return seeded_inputs(shape, n, seed)
 
 
 def reference(build_dir: Path, x: np.ndarray) -> np.ndarray:

@@ -17,7 +17,9 @@ def load_input(path: Path | None, batch: int, seed: int, input_shape: tuple[int,
     from veo_edge.errors import InputError
 
     if path is None:
-        return np.random.default_rng(seed).standard_normal((batch, *input_shape)).astype(np.float32)
+        from veo_edge.export.parity import seeded_inputs
+
+        return seeded_inputs(input_shape, batch, seed)
     try:
         arr = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:
