@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from veo_edge import nativelib
 from veo_edge.runtime import mempool
 
 
@@ -24,14 +25,14 @@ def cpu_only() -> None:
 @pytest.fixture(scope="session")
 def pool_lib() -> Path:
     """The built libveo_mempool.so; builds it into build/plugins with cmake when it is missing."""
-    lib = mempool.DEFAULT_BUILD_DIR / mempool.LIB_NAME
+    lib = nativelib.DEFAULT_BUILD_DIR / mempool.LIB_NAME
     if not lib.is_file():
         if shutil.which("cmake") is None:
             if os.environ.get("CI") == "true":
                 pytest.fail(f"{lib} is missing and cmake is not installed; CI must build it (`make plugins`)")
             pytest.skip(f"{lib} is missing and cmake is not installed; run `make plugins`")
-        build = str(mempool.DEFAULT_BUILD_DIR)
-        src = str(mempool.REPO_ROOT / "plugins")
+        build = str(nativelib.DEFAULT_BUILD_DIR)
+        src = str(nativelib.REPO_ROOT / "plugins")
         subprocess.run(["cmake", "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release"], check=True)
         subprocess.run(["cmake", "--build", build, "--target", "veo_mempool", "-j2"], check=True)
     return lib

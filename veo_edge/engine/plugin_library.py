@@ -7,17 +7,15 @@ as the manifest artifact kind ``plugin_library``.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from veo_edge.builddir import sha256_file
-from veo_edge.errors import BackendUnavailableError
+from veo_edge.nativelib import locate
 
 LIB_NAME = "libveo_edge_plugins.so"
 ENV_VAR = "VEO_EDGE_PLUGIN_LIB"
 MANIFEST_KIND = "plugin_library"
-DEFAULT_BUILD_DIR = Path(__file__).resolve().parents[2] / "build" / "plugins"
 
 
 @dataclass(frozen=True)
@@ -37,17 +35,7 @@ class PluginLibrary:
 
 def find_plugin_library(search_dirs: list[Path] | None = None) -> PluginLibrary | None:
     """The plugin library, or None when it is not built (TensorRT absent: the ONNX reference path serves)."""
-    env = os.environ.get(ENV_VAR)
-    if env:
-        path = Path(env)
-        if not path.is_file():
-            raise BackendUnavailableError(
-                f"{ENV_VAR} is set to {env}, which is not a file; point it at {LIB_NAME} "
-                "(built by `make plugins` where TensorRT is installed) or unset it"
-            )
-        return PluginLibrary.from_path(path)
-    for d in search_dirs if search_dirs is not None else [DEFAULT_BUILD_DIR]:
-        candidate = Path(d) / LIB_NAME
-        if candidate.is_file():
-            return PluginLibrary.from_path(candidate)
-    return None
+    path = locate(
+        LIB_NAME, ENV_VAR, search_dirs, "(built by `make plugins` where TensorRT is installed) or unset it"
+    )
+    return None if path is None else PluginLibrary.from_path(path)

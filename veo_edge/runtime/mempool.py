@@ -15,19 +15,17 @@ The library is found through ``VEO_EDGE_MEMPOOL_LIB`` or in ``build/plugins`` of
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from veo_edge.errors import BackendError, BackendUnavailableError, UsageError, VeoEdgeError
+from veo_edge.nativelib import DEFAULT_BUILD_DIR, locate
 
 LIB_NAME = "libveo_mempool.so"
 ENV_VAR = "VEO_EDGE_MEMPOOL_LIB"
 ABI_VERSION = 1
 ALIGNMENT = 256
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_BUILD_DIR = REPO_ROOT / "build" / "plugins"
 
 _BACKENDS = {"host": 0, "cuda": 1}
 _OK, _INVALID, _OOM, _UNAVAILABLE, _UNKNOWN_PTR = 0, 1, 2, 3, 4
@@ -75,19 +73,12 @@ class PoolStats:
 def find_library(search_dirs: list[Path] | None = None) -> Path:
     """Path of ``libveo_mempool.so``: ``$VEO_EDGE_MEMPOOL_LIB``, else the first of ``search_dirs``
     (default: ``build/plugins`` of the repository) that holds it."""
-    env = os.environ.get(ENV_VAR)
-    if env:
-        path = Path(env)
-        if not path.is_file():
-            raise BackendUnavailableError(
-                f"{ENV_VAR} is set to {env}, which is not a file; point it at {LIB_NAME} or unset it "
-                "to use build/plugins (built by `make plugins`)"
-            )
+    path = locate(
+        LIB_NAME, ENV_VAR, search_dirs, "or unset it to use build/plugins (built by `make plugins`)"
+    )
+    if path is not None:
         return path
     dirs = search_dirs if search_dirs is not None else [DEFAULT_BUILD_DIR]
-    for d in dirs:
-        if (Path(d) / LIB_NAME).is_file():
-            return Path(d) / LIB_NAME
     looked = ", ".join(str(d) for d in dirs)
     raise BackendUnavailableError(
         f"memory pool library {LIB_NAME} not found (looked in: {looked}); build it with `make plugins` "
