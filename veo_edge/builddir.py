@@ -41,12 +41,17 @@ def artifact_entry(root: Path, path: Path) -> dict[str, Any]:
     return {"path": rel, "sha256": sha256_file(path), "bytes": path.stat().st_size}
 
 
+def check_output(out: Path, force: bool) -> None:
+    """Refuse an existing output directory unless ``force``."""
+    if Path(out).exists() and not force:
+        raise OutputExistsError(f"output directory {out} already exists; pass --force to overwrite it")
+
+
 @contextlib.contextmanager
 def staged_output(out: Path, force: bool) -> Iterator[Path]:
     """Yield an empty staging directory; on success it replaces ``out`` atomically, on failure it goes."""
     out = Path(out)
-    if out.exists() and not force:
-        raise OutputExistsError(f"output directory {out} already exists; pass --force to overwrite it")
+    check_output(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
     try:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from veo_edge import __version__
-from veo_edge.builddir import BuildDir, artifact_entry, staged_output, write_manifest
+from veo_edge.builddir import BuildDir, artifact_entry, check_output, staged_output, write_manifest
 from veo_edge.errors import ParityError, UsageError
 from veo_edge.export.onnx_export import Exporter, OnnxExport, check_onnx
 from veo_edge.export.openvino_ir import OpenVinoConvert
@@ -68,9 +68,9 @@ def versions() -> dict[str, str | None]:
 
 
 def run_build(opts: BuildOptions) -> BuildResult:
-    # resolve the output name first so that "already exists" fails before any slow work
-    if opts.out is not None and opts.out.exists() and not opts.force:
-        staged_output(opts.out, force=False).__enter__()  # raises OutputExistsError with the message
+    # an explicit --out that exists fails before any slow work
+    if opts.out is not None:
+        check_output(opts.out, opts.force)
     with StageReporter(quiet=opts.quiet) as rep:
         with rep.stage("load", "Loading the model"):
             loaded = opts.source.load()
