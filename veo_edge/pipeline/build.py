@@ -17,9 +17,10 @@ import numpy as np
 from veo_edge import __version__
 from veo_edge.builddir import BuildDir, artifact_entry, check_output, staged_output, write_manifest
 from veo_edge.errors import ParityError, UsageError
+from veo_edge.export.canary import MIN_COSINE, Canary, compare_canary
 from veo_edge.export.onnx_export import Exporter, OnnxExport, check_onnx
 from veo_edge.export.openvino_ir import OpenVinoConvert
-from veo_edge.export.parity import ParityStats, TorchReference, check_all, compare, seeded_inputs
+from veo_edge.export.parity import ParityStats, TorchReference, check_all, seeded_inputs
 from veo_edge.export.source import BuiltinSource, LoadedModel, ModuleSource, OnnxSource
 from veo_edge.pipeline.progress import StageReporter
 
@@ -200,18 +201,17 @@ def _write_canary(
     stage: Path, loaded: LoadedModel, reference: Any, runs: dict[str, Any], parity: list[ParityStats]
 ) -> dict[str, Any]:
     """A fixed small input and its expected (PyTorch float32) output, which every backend must reproduce
-    within the build's batch-1 parity tolerance; the healthcheck runs it later."""
+    within the build's batch-1 parity tolerance, by the rule the healthcheck applies later."""
     x = seeded_inputs(loaded.input_shape, 1, CANARY_SEED)
     ref64, expected = reference(x)
     atol = max(s.tolerance for s in parity if s.batch == 1)
     # the expected output is float32, so allow for its own rounding against the float64 reference
     atol += float(np.abs(expected.astype(np.float64) - ref64).max())
+    canary = Canary(x, expected.astype(np.float32), atol, MIN_COSINE)
     for name, run in runs.items():
-        stats = compare(name, run(x), expected.astype(np.float64), 0.0)
-        if stats.max_abs > atol:
-            raise ParityError(
-                f"canary check failed on {name}: max abs {stats.max_abs:.3g} > tolerance {atol:.3g}"
-            )
+        result = compare_canary(run(x), canary)
+        if not result.ok:
+            raise ParityError(f"canary check failed on {name}: {result.reason}")
     (stage / "canary").mkdir()
     np.save(stage / "canary" / "input.npy", x)
     np.save(stage / "canary" / "expected.npy", expected.astype(np.float32))
@@ -220,7 +220,7 @@ def _write_canary(
         "expected": "canary/expected.npy",
         "seed": CANARY_SEED,
         "atol": atol,
-        "min_cosine": 0.999,
+        "min_cosine": MIN_COSINE,
     }
 
 

@@ -21,7 +21,8 @@ import numpy as np
 
 from veo_edge import __version__
 from veo_edge.errors import InputError, OverloadedError, VeoEdgeError
-from veo_edge.serve.health import Canary, CanaryResult, canary_to_json, compare_canary, load_canary
+from veo_edge.export.canary import Canary, CanaryResult, compare_canary
+from veo_edge.serve.health import canary_to_json, load_canary
 from veo_edge.serve.http import HttpServer, Limits, Request, Response
 from veo_edge.serve.metrics import HttpCounters, ServeCollector, make_registry, render
 from veo_edge.serve.protocol import (

@@ -15,7 +15,6 @@ import http.client
 import json
 import threading
 import time
-from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,6 +22,7 @@ import numpy as np
 
 from veo_edge.builddir import BuildDir
 from veo_edge.errors import BuildDirError, VeoEdgeError
+from veo_edge.export.canary import Canary, compare_canary
 
 
 class HealthError(VeoEdgeError):
@@ -64,27 +64,6 @@ EXIT_CODES = {
 }
 
 
-@dataclass(frozen=True)
-class Canary:
-    input: np.ndarray  # with the batch axis, batch 1
-    expected: np.ndarray  # with the batch axis, batch 1
-    atol: float
-    min_cosine: float
-
-
-@dataclass(frozen=True)
-class CanaryResult:
-    ok: bool
-    max_abs: float
-    cosine: float
-    atol: float
-    min_cosine: float
-    reason: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def load_canary(build: BuildDir) -> Canary:
     """The build's golden canary, its files checked against the manifest's checksums."""
     spec = build.manifest.get("canary")
@@ -97,32 +76,6 @@ def load_canary(build: BuildDir) -> Canary:
     except (BuildDirError, OSError, ValueError) as e:
         raise CanaryMismatchError(f"the golden canary of {build.path} is unusable: {e}") from e
     return Canary(x, expected, float(spec["atol"]), float(spec["min_cosine"]))
-
-
-def compare_canary(output: np.ndarray, canary: Canary) -> CanaryResult:
-    """Max abs error and cosine of ``output`` against the golden output."""
-    got = np.asarray(output, dtype=np.float64)
-    want = canary.expected.astype(np.float64)
-    if got.shape != want.shape:
-        return CanaryResult(
-            False,
-            float("inf"),
-            0.0,
-            canary.atol,
-            canary.min_cosine,
-            f"canary output has shape {list(got.shape)}, the golden one {list(want.shape)}",
-        )
-    max_abs = float(np.abs(got - want).max()) if got.size else 0.0
-    denom = float(np.linalg.norm(got) * np.linalg.norm(want))
-    cosine = float(np.dot(got.ravel(), want.ravel()) / denom) if denom else float(max_abs == 0.0)
-    if not np.isfinite(max_abs):
-        max_abs, cosine = float("inf"), 0.0
-    reason = None
-    if max_abs > canary.atol:
-        reason = f"canary max abs error {max_abs:.3g} > tolerance {canary.atol:.3g}"
-    elif cosine < canary.min_cosine:
-        reason = f"canary cosine {cosine:.6f} < {canary.min_cosine}"
-    return CanaryResult(reason is None, max_abs, cosine, canary.atol, canary.min_cosine, reason)
 
 
 # -- the probe ---------------------------------------------------------------------------------------
