@@ -109,7 +109,13 @@ def test_openvino_runs_the_reference_copy_once_inlined(export_case):
     inj = PluginInjection(net.input_shape)(onnx.load(str(path)))
     inlined = inliner.inline_local_functions(inj.reference_model)
     assert not any(n.op_type.startswith("Veo") for n in inlined.graph.node)
-    compiled = ov.Core().compile_model(ov.Core().read_model(inlined.SerializeToString(), b""), "CPU")
+    from veo_edge.runtime.backends.openvino import compile_config, compiled_precision
+
+    core = ov.Core()
+    compiled = core.compile_model(
+        core.read_model(inlined.SerializeToString(), b""), "CPU", compile_config("f32")
+    )
+    assert compiled_precision(compiled) == "f32"
     x = np.random.default_rng(3).standard_normal((2, *net.input_shape)).astype(np.float32)
     got = compiled(x)[0]
     ref, out32 = TorchReference(net)(x)

@@ -10,6 +10,33 @@ import numpy as np
 from veo_edge.errors import BackendError, BackendUnavailableError, ModelLoadError
 from veo_edge.runtime.backends.base import Runner, TensorMeta
 
+# OpenVINO's names for the execution precisions veo-edge asks for. Every compile states one: left to
+# itself the CPU plugin picks bf16 on CPUs with AVX512-BF16 or AMX, and the results change with the machine.
+INFERENCE_PRECISIONS = {"f32": "f32", "bf16": "bf16"}
+
+
+def compile_config(
+    precision: str = "f32", threads: int | None = None, hint: str = "LATENCY"
+) -> dict[str, Any]:
+    """The config of every OpenVINO compile in veo-edge (runtime, build checks, tests): precision stated."""
+    if precision not in INFERENCE_PRECISIONS:
+        raise ValueError(
+            f"unknown OpenVINO inference precision {precision!r}; choose one of: {', '.join(INFERENCE_PRECISIONS)}"
+        )
+    config: dict[str, Any] = {
+        "INFERENCE_PRECISION_HINT": INFERENCE_PRECISIONS[precision],
+        "PERFORMANCE_HINT": hint,
+    }
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = threads
+    return config
+
+
+def compiled_precision(compiled: Any) -> str:
+    """The inference precision a compiled model really runs at, as OpenVINO reports it (e.g. "f32")."""
+    value = compiled.get_property("INFERENCE_PRECISION_HINT")
+    return value.get_type_name() if hasattr(value, "get_type_name") else str(value)
+
 
 def _meta(port: Any) -> TensorMeta:
     shape = tuple(None if d.is_dynamic else d.get_length() for d in port.get_partial_shape())
@@ -25,11 +52,13 @@ class OpenVinoRunner(Runner):
         device: str = "CPU",
         max_batch: int | None = None,
         threads: int | None = None,
+        precision: str = "f32",
     ) -> None:
         super().__init__(max_batch)
         self.model = Path(model)
         self.device = device
         self.threads = threads
+        self.precision = precision
         self._compiled: Any = None
         self._requests: dict[int, Any] = {}
 
@@ -47,11 +76,14 @@ class OpenVinoRunner(Runner):
             model = core.read_model(str(self.model))
         except Exception as e:
             raise ModelLoadError(f"OpenVINO could not read {self.model}: {e}") from e
-        # f32 execution: on CPUs with AMX/AVX512-BF16 OpenVINO would otherwise pick bf16 and lose accuracy
-        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
-        if self.threads:
-            config["INFERENCE_NUM_THREADS"] = self.threads
+        config = compile_config(self.precision, self.threads)
         self._compiled = core.compile_model(model, self.device, config)
+        self.compiled_precision = compiled_precision(self._compiled)
+        if self.compiled_precision != config["INFERENCE_PRECISION_HINT"]:
+            raise BackendError(
+                f"OpenVINO compiled {self.model} at {self.compiled_precision}, not the "
+                f"{config['INFERENCE_PRECISION_HINT']} that was asked for"
+            )
         self._inputs = [_meta(p) for p in self._compiled.inputs]
         self._outputs = [_meta(p) for p in self._compiled.outputs]
 
@@ -77,4 +109,9 @@ class OpenVinoRunner(Runner):
     def describe(self) -> dict[str, Any]:
         import openvino as ov
 
-        return {"backend": self.name, "version": ov.get_version(), "device": self.device}
+        return {
+            "backend": self.name,
+            "version": ov.get_version(),
+            "device": self.device,
+            "precision": getattr(self, "compiled_precision", self.precision),
+        }
