@@ -53,3 +53,32 @@ def copy_build(tmp_path: Path):
         return dst
 
     return _copy
+
+
+# --- a real Docker engine (images and deploy tests) --------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """A dockerd of the tests' own (data root and socket under /tmp), with the local Debian base image
+    imported; stopped by its PID at the end of the session. Skips where dockerd is not installed,
+    unless VEO_EDGE_REQUIRE_DOCKER=1 (CI) makes that a failure."""
+    import tempfile
+
+    from tests.support.dockerd import DockerEngine, EngineUnavailable, require_docker
+
+    root = Path(tempfile.mkdtemp(prefix="veo-dk-", dir="/tmp"))
+    engine = DockerEngine(root)
+    try:
+        engine.start()
+    except EngineUnavailable as e:
+        shutil.rmtree(root, ignore_errors=True)
+        if require_docker():
+            pytest.fail(f"VEO_EDGE_REQUIRE_DOCKER=1 but no Docker engine: {e}")
+        pytest.skip(f"no Docker engine here: {e}")
+    try:
+        engine.ensure_base_image()
+        yield engine
+    finally:
+        engine.stop()
+        shutil.rmtree(root, ignore_errors=True)
