@@ -80,3 +80,39 @@ class DeviceLostError(BackendError):
 
 class NoBackendError(BackendUnavailableError):
     """No backend of the runtime's policy can run on this machine, or all of them failed."""
+
+
+class DeployError(VeoEdgeError):
+    """Shipping an image to a device or a fleet failed (``veo-edge deploy``)."""
+
+    exit_code = 30
+
+
+class EngineUnreachableError(DeployError):
+    """The target's Docker engine does not answer, or the address is not a Docker engine address."""
+
+    exit_code = 31
+
+
+class InsecureEngineError(DeployError):
+    """A plain ``tcp://`` engine address without TLS: refused, as it hands root on the device to the network."""
+
+    exit_code = 32
+
+
+class UnhealthyReleaseError(DeployError):
+    """The new release never became healthy; it was removed and the previous release restored."""
+
+    exit_code = 33
+
+
+class DeployPendingError(DeployError):
+    """The orchestrator accepted the release but cannot place it (no node satisfies its constraints)."""
+
+    exit_code = 34
+
+
+class RollbackFailedError(DeployError):
+    """Restoring the previous release failed too: the device serves nothing; act now."""
+
+    exit_code = 35

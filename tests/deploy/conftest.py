@@ -1,0 +1,114 @@
+"""Engines and images for the deploy tests, all on this machine.
+
+``docker_engine`` (tests/conftest.py) is the build host: the images are built there. ``device_engine`` is
+a second dockerd with its own data root and socket standing in for a Jetson or an A100 host; ``swarm_engine``
+is a third one, a single-node swarm manager whose node is labelled ``veo.target=cpu``. The small test
+images are real images FROM the local Debian base with a HEALTHCHECK whose verdict the image decides (a
+file the main process writes, or always failing, or a main process that exits), so the deploy's health
+gate and rollback run against Docker's own health status.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.support.dockerd import BASE_IMAGE, DockerEngine, EngineUnavailable
+
+HEALTH = "--interval=1s --timeout=3s --retries=2"
+IMAGES = {
+    # healthy one second after start; RELEASE distinguishes image ids
+    "good": (
+        f'HEALTHCHECK {HEALTH} CMD ["python3", "-c", "import os, sys; sys.exit(not os.path.exists(\'/tmp/ok\'))"]\n'
+        "CMD [\"python3\", \"-c\", \"import time; time.sleep(1); open('/tmp/ok', 'w').write('ok'); time.sleep(10**6)\"]\n"
+    ),
+    "unhealthy": (
+        f'HEALTHCHECK {HEALTH} CMD ["python3", "-c", "print(\'model canary mismatch: max abs 3.2 > 1e-3\'); raise SystemExit(1)"]\n'
+        'CMD ["python3", "-c", "print(\'serving a broken model\', flush=True); import time; time.sleep(10**6)"]\n'
+    ),
+    "crashing": (
+        f'HEALTHCHECK {HEALTH} CMD ["true"]\n'
+        'CMD ["python3", "-c", "print(\'fatal: cannot open model.bin\', flush=True); raise SystemExit(3)"]\n'
+    ),
+    "nohealth": 'CMD ["sleep", "1000000"]\n',
+}
+
+
+def build_image(engine: DockerEngine, kind: str, tag: str, release: str = "1") -> str:
+    ctx = Path(tempfile.mkdtemp(prefix="veo-img-"))
+    try:
+        (ctx / "Dockerfile").write_text(
+            f"FROM {BASE_IMAGE}\nLABEL io.veo-edge.target=cpu io.veo-edge.release={release}\n"
+            f"USER 10001\n{IMAGES[kind]}"
+        )
+        r = engine.docker("build", "-q", "-t", tag, str(ctx), check=False)
+        assert r.returncode == 0, f"docker build of the {kind} test image failed: {r.stderr}"
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)
+    return tag
+
+
+@pytest.fixture(scope="session")
+def test_images(docker_engine) -> dict[str, str]:
+    """The small test images on the build host, by role."""
+    return {
+        "v1": build_image(docker_engine, "good", "veo-test/app:v1", "1"),
+        "v2": build_image(docker_engine, "good", "veo-test/app:v2", "2"),
+        "unhealthy": build_image(docker_engine, "unhealthy", "veo-test/app:unhealthy"),
+        "crashing": build_image(docker_engine, "crashing", "veo-test/app:crashing"),
+        "nohealth": build_image(docker_engine, "nohealth", "veo-test/app:nohealth"),
+    }
+
+
+def _engine(prefix: str, extra: list[str] | None = None) -> DockerEngine:
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    engine = DockerEngine(root, extra_args=extra or [])
+    try:
+        engine.start()
+    except EngineUnavailable as e:
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.fail(f"the build host's engine ran but a second one did not start: {e}")
+    return engine
+
+
+def _teardown(engine: DockerEngine) -> None:
+    for cid in engine.docker("ps", "-aq", check=False).stdout.split():
+        engine.docker("rm", "-f", cid, check=False)
+    engine.stop()
+    shutil.rmtree(engine.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def device_engine(docker_engine):
+    """A second engine, the "device": deploys transfer images into it."""
+    engine = _engine("veo-dev-")
+    yield engine
+    _teardown(engine)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def swarm_engine(docker_engine):
+    """A third engine, a single-node swarm manager on loopback ports of its own, node labelled cpu."""
+    engine = _engine("veo-sw-")
+    listen = free_port()
+    engine.docker(
+        "swarm", "init", "--advertise-addr", "127.0.0.1", "--listen-addr", f"127.0.0.1:{listen}",
+        "--data-path-port", str(free_port()),
+    )  # fmt: skip
+    node = engine.docker("node", "ls", "-q").stdout.split()[0]
+    engine.docker("node", "update", "--label-add", "veo.target=cpu", node)
+    yield engine
+    for sid in engine.docker("service", "ls", "-q", check=False).stdout.split():
+        engine.docker("service", "rm", sid, check=False)
+    engine.docker("swarm", "leave", "--force", check=False)
+    _teardown(engine)

@@ -1,0 +1,148 @@
+"""``veo-edge deploy`` onto one device: a second real dockerd stands in for it.
+
+The images are built on the build host's engine (DOCKER_HOST of the CLI) and must reach the device by
+the deploy's own transfer; health is Docker's, from each image's HEALTHCHECK.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.cli.test_cli import veo
+
+
+def deploy(build_host, device, *args, timeout=240):
+    return veo("deploy", *args, "--to", device.host, env={"DOCKER_HOST": build_host.host}, timeout=timeout)
+
+
+def state(device, name: str) -> dict | None:
+    r = device.docker("inspect", name, check=False)
+    if r.returncode != 0:
+        return None
+    c = json.loads(r.stdout)[0]
+    return {
+        "image": c["Config"]["Labels"].get("io.veo-edge.deploy.image"),
+        "status": c["State"]["Status"],
+        "health": (c["State"].get("Health") or {}).get("Status"),
+        "read_only": c["HostConfig"]["ReadonlyRootfs"],
+        "restart": c["HostConfig"]["RestartPolicy"]["Name"],
+        "network": c["HostConfig"]["NetworkMode"],
+        "env": c["Config"]["Env"],
+        "mounts": [m["Destination"] for m in c["Mounts"]],
+    }
+
+
+@pytest.fixture
+def release_name(request, device_engine):
+    name = f"app-{request.node.name[-20:].strip('_').replace('[', '-').replace(']', '')}"
+    yield name
+    for n in (name, f"{name}-previous", f"{name}-rollback", f"{name}-outgoing"):
+        device_engine.docker("rm", "-f", n, check=False)
+
+
+def test_deploy_transfers_runs_healthy_then_rolls_back_a_bad_release(
+    docker_engine, device_engine, test_images, release_name
+) -> None:
+    name = release_name
+    assert device_engine.docker("image", "inspect", test_images["v1"], check=False).returncode != 0
+
+    r = deploy(docker_engine, device_engine, test_images["v1"], "--name", name, "--port", "18123", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["transfer"]["method"] == "stream" and report["transfer"]["bytes"] > 10 << 20
+    assert report["previous_image"] is None
+    s = state(device_engine, name)
+    assert s["image"] == test_images["v1"] and s["status"] == "running" and s["health"] == "healthy"
+    assert s["read_only"] and s["restart"] == "unless-stopped" and s["network"] == "host"
+    assert "VEO_EDGE_PORT=18123" in s["env"] and "/var/cache/veo-edge" in s["mounts"]
+
+    # the same image again: the device has that image id, so nothing is transferred
+    r = deploy(docker_engine, device_engine, test_images["v1"], "--name", name, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["transfer"]["method"] == "present"
+
+    r = deploy(docker_engine, device_engine, test_images["v2"], "--name", name, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["previous_image"] == test_images["v1"]
+    assert state(device_engine, f"{name}-previous")["status"] == "exited"  # kept, stopped
+
+    # a release that never becomes healthy: removed, v2 restarted and proven healthy, exit 33 with why
+    r = deploy(docker_engine, device_engine, test_images["unhealthy"], "--name", name, "--timeout", "30")
+    assert r.returncode == 33, r.stderr
+    err = r.stderr.replace("\n", " ")
+    assert "did not become healthy" in err and "rolled back to the previous release veo-test/app:v2" in err
+    assert "canary mismatch" in err  # the last healthcheck output
+    assert "serving a broken model" in err  # the last log lines
+    s = state(device_engine, name)
+    assert s["image"] == test_images["v2"] and s["status"] == "running" and s["health"] == "healthy"
+    assert device_engine.docker("ps", "-a", "--filter", "ancestor=veo-test/app:unhealthy", "-q").stdout == ""
+    assert state(device_engine, f"{name}-previous")["image"] == test_images["v1"]  # a failed deploy keeps it
+
+    # a release whose process exits: same rollback
+    r = deploy(docker_engine, device_engine, test_images["crashing"], "--name", name, "--timeout", "30")
+    assert r.returncode == 33, r.stderr
+    assert "the container exited" in r.stderr and "cannot open model.bin" in r.stderr
+    assert state(device_engine, name)["image"] == test_images["v2"]
+
+    # status, then a manual rollback to the kept v1, and back again
+    r = veo("deploy", "status", name, "--to", device_engine.host, "--json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["current"]["image"] == test_images["v2"] and st["current"]["health"] == "healthy"
+    assert st["previous"]["image"] == test_images["v1"] and st["previous"]["state"] == "exited"
+    r = veo("deploy", "rollback", name, "--to", device_engine.host, "--json")
+    assert r.returncode == 0, r.stderr
+    assert state(device_engine, name)["image"] == test_images["v1"]
+    assert state(device_engine, name)["health"] == "healthy"
+    assert state(device_engine, f"{name}-previous")["image"] == test_images["v2"]
+
+
+def test_first_deploy_of_a_bad_release_leaves_nothing_running(
+    docker_engine, device_engine, test_images, release_name
+) -> None:
+    r = deploy(
+        docker_engine, device_engine, test_images["unhealthy"], "--name", release_name, "--timeout", "30"
+    )
+    assert r.returncode == 33, r.stderr
+    assert "there was no previous release" in r.stderr
+    assert state(device_engine, release_name) is None
+
+
+def test_an_image_without_a_healthcheck_is_refused_before_anything_runs(
+    docker_engine, device_engine, test_images, release_name
+) -> None:
+    r = deploy(docker_engine, device_engine, test_images["nohealth"], "--name", release_name)
+    assert r.returncode == 2, r.stderr
+    assert "has no HEALTHCHECK" in r.stderr
+    assert state(device_engine, release_name) is None
+
+
+@pytest.mark.parametrize(
+    ("to", "code", "message"),
+    [
+        ("tcp://127.0.0.1:2375", 32, "refusing plain tcp://127.0.0.1:2375"),
+        ("http://device:2375", 2, "is not a Docker engine address"),
+        (
+            "unix:///nonexistent/docker.sock",
+            31,
+            "no Docker engine answers at unix:///nonexistent/docker.sock",
+        ),
+        ("ssh://", 2, "names no host"),
+    ],
+)
+def test_bad_engine_addresses_are_one_line_errors(to, code, message) -> None:
+    r = veo("deploy", "some/image:1", "--to", to)
+    assert r.returncode == code, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_status_of_an_unknown_release_and_a_missing_image(docker_engine, device_engine) -> None:
+    r = veo("deploy", "status", "no-such-release", "--to", device_engine.host)
+    assert r.returncode == 30 and "no release named no-such-release" in r.stderr
+    r = deploy(docker_engine, device_engine, "veo-test/none:missing", "--name", "x")
+    assert r.returncode == 30 and "is on neither the local engine nor the target" in r.stderr
+    r = veo("deploy", "rollback", "no-such-release", "--to", device_engine.host)
+    assert r.returncode == 30 and "no previous release of no-such-release" in r.stderr

@@ -1,0 +1,96 @@
+"""``veo-edge deploy --k8s``: manifests valid against the official Kubernetes schemas, with the probes,
+GPU wiring and security context a fleet needs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.cli.test_cli import veo
+from veo_edge.deploy.k8s import K8S_VERSION, Workload, memory_bytes, render
+
+TARGETS = ["cpu", "orin", "a100"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("replicas", [2, None])
+def test_rendered_manifests_validate_against_the_official_schemas(target, replicas) -> None:
+    import kubernetes_validate
+
+    docs = render(Workload("vit-tiny", f"registry.local/vit-tiny:{target}", target, replicas=replicas,
+                           memory="2g", cpus=1.5, selinux_type="veo_edge_t"))  # fmt: skip
+    assert len(docs) == 3
+    for doc in docs.values():
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)  # raises on any schema violation
+
+
+def _workload(docs: dict) -> dict:
+    return next(d for d in docs.values() if d["kind"] in ("Deployment", "DaemonSet"))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_probes_security_and_gpu_wiring(target) -> None:
+    docs = render(Workload("vit-tiny", "img:1", target, replicas=None, selinux_type="veo_edge_t"))
+    w = _workload(docs)
+    assert w["kind"] == "DaemonSet"
+    pod = w["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert pod["nodeSelector"] == {"veo.target": target}
+    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    startup = c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"]
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["seLinuxOptions"] == {"type": "veo_edge_t"}
+    assert {m["mountPath"] for m in c["volumeMounts"]} == {"/var/cache/veo-edge", "/tmp"}
+    if target == "cpu":
+        assert "runtimeClassName" not in pod and "resources" not in c
+        assert startup >= 60
+    else:
+        assert pod["runtimeClassName"] == "nvidia"
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert startup >= 20 * 60  # a first TensorRT engine build
+    pdb = next(d for d in docs.values() if d["kind"] == "PodDisruptionBudget")
+    svc = next(d for d in docs.values() if d["kind"] == "Service")
+    assert (
+        pdb["spec"]["selector"]["matchLabels"]
+        == w["spec"]["selector"]["matchLabels"]
+        == svc["spec"]["selector"]
+    )
+
+
+def test_cli_renders_one_workload_per_device_class_with_a_kustomization(tmp_path) -> None:
+    out = tmp_path / "k8s"
+    r = veo("deploy", "reg/vit:orin", "--k8s", out, "--target", "orin", "--replicas", "3", "--json",
+            env={"DOCKER_HOST": "unix:///nonexistent.sock"})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    files = json.loads(r.stdout)["files"]
+    kust = yaml.safe_load((out / "kustomization.yaml").read_text())
+    assert kust["kind"] == "Kustomization" and sorted(kust["resources"]) == sorted(
+        p.rsplit("/", 1)[-1] for p in files if not p.endswith("kustomization.yaml")
+    )
+    dep = yaml.safe_load((out / "vit-orin-deployment.yaml").read_text())
+    assert (
+        dep["spec"]["replicas"] == 3
+        and dep["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/vit:orin"
+    )
+
+    # without the image at hand and without --target there is nothing to read the device class from
+    r = veo(
+        "deploy", "reg/vit:orin", "--k8s", tmp_path / "k2", env={"DOCKER_HOST": "unix:///nonexistent.sock"}
+    )
+    assert r.returncode == 31 and "no local Docker engine answers" in r.stderr
+    assert not (tmp_path / "k2").exists()
+    r = veo("deploy", "reg/vit:x", "--k8s", tmp_path / "k3", "--target", "tpu")
+    assert r.returncode == 2 and "unknown target 'tpu'" in r.stderr
+
+
+def test_memory_sizes() -> None:
+    assert (
+        memory_bytes("512m") == 512 << 20 and memory_bytes("2G") == 2 << 30 and memory_bytes("1024") == 1024
+    )
+    with pytest.raises(Exception, match="is not a size"):
+        memory_bytes("lots")

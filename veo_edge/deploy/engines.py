@@ -1,0 +1,127 @@
+"""The target's Docker engine: parse the address a user gives, refuse the unsafe one, connect, ping.
+
+``unix:///var/run/docker.sock`` (a local engine), ``ssh://user@host`` (through the Docker SDK's ssh
+support: paramiko), ``tcp://host:2376`` only with TLS client certificates (a Docker engine on plain TCP is
+root on the device for anyone on the network, so it is refused).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from veo_edge.errors import EngineUnreachableError, InsecureEngineError, UsageError
+
+SCHEMES = ("unix", "ssh", "tcp")
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """Client TLS material for a ``tcp://`` engine: the CA that signed the engine's certificate, and the
+    client certificate and key the engine trusts (``dockerd --tlsverify``)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    def check(self) -> None:
+        for what, path in (("--tls-ca", self.ca), ("--tls-cert", self.cert), ("--tls-key", self.key)):
+            if not Path(path).is_file():
+                raise UsageError(f"{what} {path}: no such file")
+
+
+@dataclass(frozen=True)
+class EngineAddress:
+    """Where the target's Docker engine listens. Cheap: nothing connects until :meth:`connect`."""
+
+    url: str
+    tls: TlsFiles | None = None
+    timeout: float = 60.0
+
+    @property
+    def scheme(self) -> str:
+        return urlsplit(self.url).scheme
+
+    def check(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in SCHEMES:
+            raise UsageError(
+                f"--to {self.url!r} is not a Docker engine address; expected unix:///path/docker.sock, "
+                "ssh://user@host or tcp://host:2376 (with --tls-ca/--tls-cert/--tls-key)"
+            )
+        if parts.scheme == "unix" and not parts.path:
+            raise UsageError(f"--to {self.url!r} names no socket; e.g. unix:///var/run/docker.sock")
+        if parts.scheme in ("ssh", "tcp") and not parts.hostname:
+            raise UsageError(f"--to {self.url!r} names no host")
+        if parts.scheme == "tcp":
+            if self.tls is None:
+                raise InsecureEngineError(
+                    f"refusing plain {self.url}: a Docker engine on unencrypted TCP gives root on the device to "
+                    "anyone who can reach it; serve it with dockerd --tlsverify and pass --tls-ca, --tls-cert "
+                    "and --tls-key (or use ssh://user@host)"
+                )
+            self.tls.check()
+        elif self.tls is not None:
+            raise UsageError(f"--tls-* options go with a tcp:// address, not {parts.scheme}://")
+
+    def connect(self) -> Any:
+        """A ``docker.DockerClient`` for the engine, after a ping; one-line errors when it does not answer."""
+        self.check()
+        try:
+            import docker
+            from docker.errors import DockerException
+        except ImportError as e:  # pragma: no cover - docker is a core dependency
+            raise EngineUnreachableError(f"the Docker SDK is not importable ({e}); pip install docker") from e
+        kw: dict[str, Any] = {"timeout": self.timeout}
+        base_url = self.url
+        if self.scheme == "tcp":
+            assert self.tls is not None
+            parts = urlsplit(self.url)
+            base_url = f"https://{parts.hostname}:{parts.port or 2376}"
+            kw["tls"] = docker.tls.TLSConfig(
+                client_cert=(str(self.tls.cert), str(self.tls.key)), ca_cert=str(self.tls.ca), verify=True
+            )
+        elif self.scheme == "ssh":
+            try:
+                import paramiko  # noqa: F401 - the SDK's ssh transport
+            except ImportError as e:
+                raise EngineUnreachableError(
+                    f"ssh:// engines need paramiko ({e}); pip install 'veo-edge[ssh]'"
+                ) from e
+        try:
+            client = docker.DockerClient(base_url=base_url, version="auto", **kw)
+            client.ping()
+        except DockerException as e:
+            raise EngineUnreachableError(f"no Docker engine answers at {self.url}: {_short(e)}") from e
+        except OSError as e:
+            raise EngineUnreachableError(f"no Docker engine answers at {self.url}: {e}") from e
+        return client
+
+
+def local_engine(timeout: float = 60.0) -> Any:
+    """The engine the image was built on: ``DOCKER_HOST``, else the default socket."""
+    import os
+
+    try:
+        import docker
+        from docker.errors import DockerException
+    except ImportError as e:  # pragma: no cover
+        raise EngineUnreachableError(f"the Docker SDK is not importable ({e}); pip install docker") from e
+    where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    try:
+        client = docker.from_env(timeout=timeout, version="auto")
+        client.ping()
+    except DockerException as e:
+        raise EngineUnreachableError(
+            f"no local Docker engine answers at {where} (set DOCKER_HOST to the engine that holds the image): "
+            f"{_short(e)}"
+        ) from e
+    return client
+
+
+def _short(e: Exception) -> str:
+    """The useful end of a docker/requests error (they nest several layers of repr)."""
+    text = str(e).replace("\n", " ")
+    return text if len(text) <= 300 else text[:297] + "..."

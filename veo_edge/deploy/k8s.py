@@ -1,0 +1,227 @@
+"""Kubernetes / k3s manifests for a fleet: one workload per model and device class, ready for
+``kubectl apply -k OUT_DIR``.
+
+For each image: a Deployment (``--replicas N``) or a DaemonSet (``--global``: one pod per labelled node)
+selecting nodes by ``veo.target=<target>``; on GPU targets ``runtimeClassName: nvidia`` and one
+``nvidia.com/gpu``; liveness and readiness on the KServe v2 health routes, a startup probe long enough
+for a first TensorRT engine build; an engine-cache volume; the restricted security context (non-root,
+read-only root, no privilege escalation, no capabilities, RuntimeDefault seccomp, SELinux type when
+given). Then a Service, a PodDisruptionBudget and a kustomization tying them together.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from veo_edge.deploy.profiles import DEFAULT_CACHE_DIR, DEFAULT_PORT_ENV, gpu_run
+from veo_edge.deploy.swarm import NODE_LABEL
+from veo_edge.errors import UsageError
+
+#: the Kubernetes version the rendered manifests are validated against (tests/deploy)
+K8S_VERSION = "1.31.0"
+#: a first TensorRT engine build on an Orin takes minutes: let the startup probe wait this long
+GPU_STARTUP_S = 30 * 60
+CPU_STARTUP_S = 5 * 60
+DEFAULT_UID = 10001
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One model on one device class."""
+
+    name: str
+    image: str
+    target: str
+    replicas: int | None = 1  # None: DaemonSet
+    port: int = 8000
+    port_env: str = DEFAULT_PORT_ENV
+    cache_dir: str = DEFAULT_CACHE_DIR
+    cache_host_path: str | None = None
+    uid: int = DEFAULT_UID
+    selinux_type: str | None = None
+    memory: str | None = None
+    cpus: float | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    namespace: str | None = None
+
+
+def memory_bytes(text: str) -> int:
+    """``512m``, ``2g``, ``1.5G``, ``1048576`` -> bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
+    if not m:
+        raise UsageError(f"--memory {text!r} is not a size; e.g. 512m or 2g")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+
+
+def _k8s_name(name: str) -> str:
+    n = re.sub(r"[^a-z0-9-]", "-", name.lower()).strip("-")[:63].strip("-")
+    if not n:
+        raise UsageError(f"--name {name!r} gives no valid Kubernetes name (lowercase letters, digits, '-')")
+    return n
+
+
+def render(w: Workload) -> dict[str, dict[str, Any]]:
+    """The manifests of one workload, by file name."""
+    name = _k8s_name(w.name)
+    gpu = gpu_run(w.target)
+    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "veo-edge", NODE_LABEL: w.target}
+    selector = {"app.kubernetes.io/name": name, NODE_LABEL: w.target}
+    meta = {"name": name, "labels": labels, **({"namespace": w.namespace} if w.namespace else {})}
+    startup_s = GPU_STARTUP_S if gpu.k8s_gpu_resource else CPU_STARTUP_S
+
+    def probe(path: str, period: int, failures: int) -> dict[str, Any]:
+        return {
+            "httpGet": {"path": path, "port": "http"},
+            "periodSeconds": period,
+            "timeoutSeconds": 5,
+            "failureThreshold": failures,
+        }
+
+    resources: dict[str, Any] = {}
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    if w.memory:
+        requests["memory"] = limits["memory"] = str(memory_bytes(w.memory))
+    if w.cpus:
+        requests["cpu"] = limits["cpu"] = f"{int(w.cpus * 1000)}m"
+    if gpu.k8s_gpu_resource:
+        limits[gpu.k8s_gpu_resource] = 1
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+
+    container_sc: dict[str, Any] = {
+        "runAsNonRoot": True,
+        "runAsUser": w.uid,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    pod_sc: dict[str, Any] = {
+        "runAsNonRoot": True,
+        "runAsUser": w.uid,
+        "runAsGroup": w.uid,
+        "fsGroup": w.uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if w.selinux_type:
+        pod_sc["seLinuxOptions"] = {"type": w.selinux_type}
+    cache_volume: dict[str, Any] = (
+        {"name": "engine-cache", "hostPath": {"path": w.cache_host_path, "type": "DirectoryOrCreate"}}
+        if w.cache_host_path
+        else {"name": "engine-cache", "emptyDir": {"sizeLimit": "2Gi"}}
+    )
+    container = {
+        "name": "server",
+        "image": w.image,
+        "imagePullPolicy": "IfNotPresent",
+        "ports": [{"name": "http", "containerPort": w.port, "protocol": "TCP"}],
+        "env": [{"name": w.port_env, "value": str(w.port)}]
+        + [{"name": k, "value": v} for k, v in sorted(w.env.items())],
+        "startupProbe": probe("/v2/health/live", 10, startup_s // 10),
+        "livenessProbe": probe("/v2/health/live", 10, 3),
+        "readinessProbe": probe("/v2/health/ready", 5, 2),
+        "securityContext": container_sc,
+        "volumeMounts": [
+            {"name": "engine-cache", "mountPath": w.cache_dir},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        **({"resources": resources} if resources else {}),
+    }
+    pod_spec: dict[str, Any] = {
+        "nodeSelector": {NODE_LABEL: w.target},
+        "securityContext": pod_sc,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 40,  # the server drains for up to 30 s on SIGTERM
+        "containers": [container],
+        "volumes": [cache_volume, {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}],
+    }
+    if gpu.k8s_runtime_class:
+        pod_spec["runtimeClassName"] = gpu.k8s_runtime_class
+    template = {"metadata": {"labels": labels}, "spec": pod_spec}
+    if w.replicas is None:
+        workload = {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": meta,
+            "spec": {
+                "selector": {"matchLabels": selector},
+                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+                "template": template,
+            },
+        }
+    else:
+        workload = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta,
+            "spec": {
+                "replicas": w.replicas,
+                "selector": {"matchLabels": selector},
+                # one pod at a time, never more than asked for (GPU devices run one server each)
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}},
+                "template": template,
+            },
+        }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "selector": selector,
+            "ports": [{"name": "http", "port": w.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    pdb = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": meta,
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
+    }
+    kind = workload["kind"].lower()
+    return {f"{name}-{kind}.yaml": workload, f"{name}-service.yaml": service, f"{name}-pdb.yaml": pdb}
+
+
+def write_manifests(workloads: list[Workload], out_dir: Path) -> list[Path]:
+    """Render every workload into ``out_dir`` with a kustomization.yaml; all or nothing."""
+    import os
+    import shutil
+    import tempfile
+
+    import yaml
+
+    if not workloads:
+        raise UsageError("nothing to render: give at least one image")
+    docs: dict[str, dict[str, Any]] = {}
+    for w in workloads:
+        for fname, doc in render(w).items():
+            if fname in docs:
+                raise UsageError(f"two workloads render the same {fname}: give them different --name")
+            docs[fname] = doc
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--k8s {out_dir} is a file; give a directory")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        for fname, doc in docs.items():
+            (stage / fname).write_text(yaml.safe_dump(doc, sort_keys=False))
+        kustomization = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": sorted(docs),
+        }
+        (stage / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+        out_dir.mkdir(exist_ok=True)
+        written = []
+        for f in sorted(stage.iterdir()):
+            os.replace(f, out_dir / f.name)
+            written.append(out_dir / f.name)
+        return written
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)

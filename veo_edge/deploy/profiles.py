@@ -1,0 +1,88 @@
+"""What a deploy needs to know about a target device class and an image, read from the image's labels.
+
+The device classes themselves (base images, CUDA architectures, GPU runtime options) are pure data in
+:mod:`veo_edge.targets`; this module turns one into Docker run options, and reads what the image says
+about itself (its target, port variable, cache directory) from the labels ``veo-edge build --target``
+puts on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from veo_edge.errors import UsageError
+
+#: labels veo-edge images carry (see veo_edge/packaging); absent labels fall back to the defaults below
+LABEL_TARGET = "io.veo-edge.target"
+LABEL_MODEL = "io.veo-edge.model.name"
+LABEL_CACHE_DIR = "io.veo-edge.cache-dir"
+LABEL_PORT_ENV = "io.veo-edge.port-env"
+DEFAULT_CACHE_DIR = "/var/cache/veo-edge"
+DEFAULT_PORT_ENV = "VEO_EDGE_PORT"
+
+
+@dataclass(frozen=True)
+class GpuRun:
+    """How a container gets the GPU on a device class: Jetson's ``--runtime nvidia``, x86's device
+    requests (``--gpus all``), or nothing (cpu)."""
+
+    runtime: str | None = None
+    device_requests: bool = False
+    #: Kubernetes: the RuntimeClass and the extended resource a GPU pod asks for
+    k8s_runtime_class: str | None = None
+    k8s_gpu_resource: str | None = None
+
+
+_GPU_RUN: dict[str, GpuRun] = {
+    "orin": GpuRun(runtime="nvidia", k8s_runtime_class="nvidia", k8s_gpu_resource="nvidia.com/gpu"),
+    "a100": GpuRun(device_requests=True, k8s_runtime_class="nvidia", k8s_gpu_resource="nvidia.com/gpu"),
+    "cpu": GpuRun(),
+}
+
+
+def gpu_run(target: str) -> GpuRun:
+    try:
+        from veo_edge import targets  # the device-class table, when this build has it
+    except ImportError:
+        targets = None
+    if targets is not None and hasattr(targets, "get_target"):
+        t = targets.get_target(target)
+        run = getattr(t, "gpu_run", None)
+        if isinstance(run, GpuRun):
+            return run
+    if target not in _GPU_RUN:
+        raise UsageError(f"unknown target {target!r}; choose one of: {', '.join(_GPU_RUN)}")
+    return _GPU_RUN[target]
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """What an image says about itself through its labels and config."""
+
+    ref: str
+    image_id: str
+    target: str
+    model: str | None
+    cache_dir: str
+    port_env: str
+    has_healthcheck: bool
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, client: Any, ref: str, target: str | None = None) -> ImageFacts:
+        image = client.images.get(ref)
+        config = image.attrs.get("Config") or {}
+        labels = dict(config.get("Labels") or {})
+        found = target or labels.get(LABEL_TARGET) or "cpu"
+        gpu_run(found)  # an unknown target is a usage error here, before anything starts
+        return cls(
+            ref=ref,
+            image_id=image.id,
+            target=found,
+            model=labels.get(LABEL_MODEL),
+            cache_dir=labels.get(LABEL_CACHE_DIR, DEFAULT_CACHE_DIR),
+            port_env=labels.get(LABEL_PORT_ENV, DEFAULT_PORT_ENV),
+            has_healthcheck=bool((config.get("Healthcheck") or {}).get("Test")),
+            labels=labels,
+        )
