@@ -10,6 +10,7 @@ gate and rollback run against Docker's own health status.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import tempfile
@@ -90,10 +91,19 @@ def device_engine(docker_engine):
     _teardown(engine)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(low: int | None = None, high: int | None = None) -> int:
+    """A free loopback TCP port (in [low, high] when given: swarm's data-path port must be < 49152)."""
+    import random
+
+    if low is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    for port in random.sample(range(low, high + 1), 200):
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            return port
+    raise RuntimeError(f"no free port in {low}..{high}")
 
 
 @pytest.fixture(scope="session")
@@ -101,10 +111,11 @@ def swarm_engine(docker_engine):
     """A third engine, a single-node swarm manager on loopback ports of its own, node labelled cpu."""
     engine = _engine("veo-sw-")
     listen = free_port()
-    engine.docker(
+    r = engine.docker(
         "swarm", "init", "--advertise-addr", "127.0.0.1", "--listen-addr", f"127.0.0.1:{listen}",
-        "--data-path-port", str(free_port()),
+        "--data-path-port", str(free_port(20000, 49151)), check=False,
     )  # fmt: skip
+    assert r.returncode == 0, f"docker swarm init failed: {r.stderr}"
     node = engine.docker("node", "ls", "-q").stdout.split()[0]
     engine.docker("node", "update", "--label-add", "veo.target=cpu", node)
     yield engine

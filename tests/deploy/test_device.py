@@ -56,7 +56,7 @@ def test_deploy_transfers_runs_healthy_then_rolls_back_a_bad_release(
     s = state(device_engine, name)
     assert s["image"] == test_images["v1"] and s["status"] == "running" and s["health"] == "healthy"
     assert s["read_only"] and s["restart"] == "unless-stopped" and s["network"] == "host"
-    assert "VEO_EDGE_PORT=18123" in s["env"] and "/var/cache/veo-edge" in s["mounts"]
+    assert "VEO_EDGE_PORT=18123" in s["env"] and "/cache" in s["mounts"]
 
     # the same image again: the device has that image id, so nothing is transferred
     r = deploy(docker_engine, device_engine, test_images["v1"], "--name", name, "--json")

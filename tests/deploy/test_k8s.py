@@ -45,7 +45,7 @@ def test_probes_security_and_gpu_wiring(target) -> None:
     assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert pod["securityContext"]["seLinuxOptions"] == {"type": "veo_edge_t"}
-    assert {m["mountPath"] for m in c["volumeMounts"]} == {"/var/cache/veo-edge", "/tmp"}
+    assert {m["mountPath"] for m in c["volumeMounts"]} == {"/cache", "/tmp"}
     if target == "cpu":
         assert "runtimeClassName" not in pod and "resources" not in c
         assert startup >= 60

@@ -7,6 +7,9 @@ root on the device for anyone on the network, so it is refused).
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,7 +94,14 @@ class EngineAddress:
                     f"ssh:// engines need paramiko ({e}); pip install 'veo-edge[ssh]'"
                 ) from e
         try:
-            client = docker.DockerClient(base_url=base_url, version="auto", **kw)
+            if self.scheme == "tcp":
+                # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override the session's CA: the engine's
+                # own CA (--tls-ca) must be the one trusted, whatever the environment says
+                with _without_ca_bundle_env():
+                    client = docker.DockerClient(base_url=base_url, version="auto", **kw)
+                client.api.trust_env = False
+            else:
+                client = docker.DockerClient(base_url=base_url, version="auto", **kw)
             client.ping()
         except DockerException as e:
             raise EngineUnreachableError(f"no Docker engine answers at {self.url}: {_short(e)}") from e
@@ -102,7 +112,6 @@ class EngineAddress:
 
 def local_engine(timeout: float = 60.0) -> Any:
     """The engine the image was built on: ``DOCKER_HOST``, else the default socket."""
-    import os
 
     try:
         import docker
@@ -119,6 +128,15 @@ def local_engine(timeout: float = 60.0) -> Any:
             f"{_short(e)}"
         ) from e
     return client
+
+
+@contextlib.contextmanager
+def _without_ca_bundle_env() -> Iterator[None]:
+    saved = {k: os.environ.pop(k) for k in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE") if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 def _short(e: Exception) -> str:

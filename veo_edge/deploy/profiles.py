@@ -18,7 +18,7 @@ LABEL_TARGET = "io.veo-edge.target"
 LABEL_MODEL = "io.veo-edge.model.name"
 LABEL_CACHE_DIR = "io.veo-edge.cache-dir"
 LABEL_PORT_ENV = "io.veo-edge.port-env"
-DEFAULT_CACHE_DIR = "/var/cache/veo-edge"
+DEFAULT_CACHE_DIR = "/cache"  # the VOLUME of veo-edge images (packaging/Dockerfile)
 DEFAULT_PORT_ENV = "VEO_EDGE_PORT"
 
 

@@ -179,7 +179,7 @@ def deploy_service(
             service = client.services.create(name=name, **spec)
             action = "created"
         else:
-            service.update(name=name, force_update=False, **spec)
+            service.update(name=name, **spec)
             action = "updated"
     except APIError as e:
         raise DeployError(f"the swarm refused service {name}: {e.explanation or e}") from e
