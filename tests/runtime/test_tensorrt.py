@@ -76,3 +76,29 @@ def test_the_key_follows_the_model_and_the_plugin_library(nano_build):
         ).plugin_sha256
         is None
     )
+
+
+def test_backends_do_not_import_the_policy():
+    """The TensorRT backend reaches for nothing above it: importing it loads no runtime.policy."""
+    import subprocess
+    import sys
+
+    code = "import sys, veo_edge.runtime.backends.tensorrt; print('veo_edge.runtime.policy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    from veo_edge.runtime import policy
+    from veo_edge.runtime.backends import base
+
+    assert policy.Verdict is base.Verdict  # one type, defined below both
+
+
+def test_a_gpu_index_that_does_not_exist_is_refused(monkeypatch):
+    from veo_edge.errors import UsageError
+    from veo_edge.runtime import probes
+    from veo_edge.runtime.backends import tensorrt_engine
+
+    devices = [{"name": "NVIDIA A100", "compute_capability": "8.0"}]
+    monkeypatch.setattr(probes, "probe_gpu", lambda: probes.Probe("gpu", True, data={"devices": devices}))
+    assert tensorrt_engine.gpu_identity(0) == ("NVIDIA A100", "8.0")
+    with pytest.raises(UsageError, match=r"--gpu 2: this machine has 1 GPU\(s\), numbered 0..0"):
+        tensorrt_engine.gpu_identity(2)
