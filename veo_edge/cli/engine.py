@@ -39,9 +39,10 @@ def build_engine(
 ) -> None:
     """Build the engines for this GPU, compare and time them, record which one serves, and cache them."""
     from veo_edge.builddir import BuildDir
-    from veo_edge.runtime.backends.tensorrt import _cuda_check, _cudart, default_config, select_engine
+    from veo_edge.runtime.backends.tensorrt import _cuda_check, _cudart, _trt, default_config, select_engine
 
     build = BuildDir.open(build_dir)
+    _trt()  # TensorRT's absence is the reason a user most needs to read
     extra = {"pool_factor": pool_factor} if pool_factor is not None else {}
     config = default_config(build, precision, engine=engine, **extra)
     c = console()
