@@ -102,3 +102,31 @@ def test_a_gpu_index_that_does_not_exist_is_refused(monkeypatch):
     assert tensorrt_engine.gpu_identity(0) == ("NVIDIA A100", "8.0")
     with pytest.raises(UsageError, match=r"--gpu 2: this machine has 1 GPU\(s\), numbered 0..0"):
         tensorrt_engine.gpu_identity(2)
+
+
+def test_fastest_without_the_plugin_library_builds_tensorrts_own_engine(
+    nano_build, monkeypatch, tmp_path, caplog
+):
+    from veo_edge.engine import plugin_library
+    from veo_edge.engine.selection import variants_to_build
+    from veo_edge.runtime.backends import tensorrt_engine
+
+    build = BuildDir.open(nano_build)
+    monkeypatch.delenv(plugin_library.ENV_VAR, raising=False)
+    monkeypatch.setattr(plugin_library, "find_plugin_library", lambda search_dirs=None: None)
+    assert tensorrt_engine.plugin_engine_possible(build, "fastest") is False
+    assert "libveo_edge_plugins.so is not built here: only TensorRT's own engine" in caplog.text
+    assert variants_to_build("fastest", False) == ["plain"]
+    assert tensorrt_engine.required_plugin_library(build, "plain") is None  # the plain engine needs none
+    # forcing the plugin engine without the library is an error that says what to do
+    assert tensorrt_engine.plugin_engine_possible(build, "plugins") is True
+    with pytest.raises(BackendUnavailableError, match=r"needs libveo_edge_plugins.so.*or use --engine plain"):
+        tensorrt_engine.required_plugin_library(build, "plugins")
+    lib = tmp_path / "libveo_edge_plugins.so"
+    lib.write_bytes(b"\x7fELF")
+    monkeypatch.setattr(
+        plugin_library,
+        "find_plugin_library",
+        lambda search_dirs=None: plugin_library.PluginLibrary.from_path(lib),
+    )
+    assert tensorrt_engine.plugin_engine_possible(build, "fastest") is True

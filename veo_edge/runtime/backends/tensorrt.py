@@ -57,6 +57,7 @@ from veo_edge.runtime.backends.tensorrt_engine import (
     gpu_identity,
     import_error_message,
     model_source,
+    plugin_engine_possible,
     required_plugin_library,
     set_device_memory,
 )
@@ -98,9 +99,11 @@ def probe(
     if not p.ok:
         return Verdict(False, import_error_message(ImportError(p.reason)))
     lib = None
+    config = default_config(build, precision)
+    variant = "plugins" if plugin_engine_possible(build, config.engine) else "plain"
     try:
         _cudart()
-        lib = required_plugin_library(build)
+        lib = required_plugin_library(build, variant)
         if lib is not None:
             ctypes.CDLL(str(lib.path))
     except BackendUnavailableError as e:
@@ -109,10 +112,9 @@ def probe(
         return Verdict(
             False, f"the plugin library {lib.path} does not load ({e}); rebuild it with `make plugins`"
         )
-    config = default_config(build, precision)
     need = None
     try:
-        key = engine_key(build, config, p.data["version"], gpu_identity(gpu), lib)
+        key = engine_key(build, config, p.data["version"], gpu_identity(gpu), lib, variant)
         entry = CacheEntry.for_key(cache_dir(build.path), build.model_name, key)
         if entry.check(key) is None:
             meta = entry.read_meta()
@@ -121,7 +123,7 @@ def probe(
     except (BackendUnavailableError, OSError, ValueError, KeyError):
         need = None
     if need is None:
-        src, _ = model_source(build)
+        src, _ = model_source(build, variant)
         need = estimate_unbuilt_gpu_bytes(src.stat().st_size, build_io_bytes(build), config.precision)
     return check("tensorrt", need, free, budget)
 
@@ -224,7 +226,7 @@ def make_gpu_allocator(trt: Any, calls: PoolAllocatorCalls) -> Any:
 def _keys(build: BuildDir, config: EngineConfig, trt_version: str, gpu: int) -> tuple[Any, Any]:
     plain = engine_key(build, config, trt_version, gpu_identity(gpu), None, "plain")
     plugins = None
-    if build.has("plugins_onnx"):
+    if plugin_engine_possible(build, config.engine):
         plugins = engine_key(
             build, config, trt_version, gpu_identity(gpu), required_plugin_library(build), "plugins"
         )
@@ -236,7 +238,7 @@ def choose_variant(
 ) -> str | None:
     """The variant to serve without measuring: forced, the only one, or the recorded decision; ``None``
     when ``fastest`` has to measure first."""
-    variants = variants_to_build(config.engine, build.has("plugins_onnx"))
+    variants = variants_to_build(config.engine, plugin_engine_possible(build, config.engine))
     if len(variants) == 1:
         return variants[0]
     plain, plugins = _keys(build, config, trt_version, gpu)
@@ -274,7 +276,7 @@ def select_engine(
     inputs, compare them with the ONNX Runtime reference, time them at batch 1 and max batch, decide and
     record the decision next to the engines. Returns the decision and the engines."""
     cache = cache or cache_dir(build.path)
-    variants = variants_to_build(config.engine, build.has("plugins_onnx"))
+    variants = variants_to_build(config.engine, plugin_engine_possible(build, config.engine))
     blobs = {}
     for v in variants:
         progress(f"engine {v}: building or loading from the cache")

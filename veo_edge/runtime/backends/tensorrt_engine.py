@@ -89,6 +89,25 @@ def required_plugin_library(build: BuildDir, variant: str = "plugins") -> Any:
     return lib
 
 
+def plugin_engine_possible(build: BuildDir, mode: str) -> bool:
+    """Whether the plugin engine can be built here: the build has its graph and the plugin library is
+    built. ``--engine fastest`` without the library serves TensorRT's own engine (with a warning);
+    ``--engine plugins`` needs both and says so (:func:`required_plugin_library`)."""
+    if not build.has("plugins_onnx"):
+        return False
+    if mode == "plugins":
+        return True
+    from veo_edge.engine.plugin_library import find_plugin_library
+
+    if find_plugin_library() is None:
+        log.warning(
+            "libveo_edge_plugins.so is not built here: only TensorRT's own engine is built "
+            "(run `make plugins` where TensorRT is installed to compare it with the plugin engine)"
+        )
+        return False
+    return True
+
+
 def gpu_identity(index: int = 0) -> tuple[str, str]:
     """(name, compute capability) of GPU ``index`` from NVML. NVML numbers GPUs by PCI bus; set
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so that CUDA's ``--gpu N`` is the same device."""
