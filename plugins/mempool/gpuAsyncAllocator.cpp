@@ -16,7 +16,7 @@ void* PoolGpuAllocator::allocateAsync(
     void* p = poolAllocateAsync(mPool, size, alignment, stream, why);
     if (p == nullptr && !why.empty())
     {
-        logError("PoolGpuAllocator::allocateAsync: " + why);
+        logError("PoolGpuAllocator::allocateAsync: ", why.c_str()); // noexcept-clean: no temporary here
     }
     return p;
 }
@@ -27,7 +27,7 @@ bool PoolGpuAllocator::deallocateAsync(void* const memory, cudaStream_t stream) 
     bool const ok = poolDeallocateAsync(mPool, memory, stream, why);
     if (!ok)
     {
-        logError("PoolGpuAllocator::deallocateAsync: " + why);
+        logError("PoolGpuAllocator::deallocateAsync: ", why.c_str());
     }
     return ok;
 }
