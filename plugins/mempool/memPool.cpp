@@ -322,9 +322,10 @@ void MemPool::free(void* ptr, Stream stream)
             << "elsewhere); free only what this pool's allocate returned, once";
         throw PoolError(PoolError::Code::kUNKNOWN_POINTER, msg.str());
     }
-    // may throw: nothing changed yet. The host backend returns no fence: the free is complete at once.
+    // Both may throw, and nothing has changed yet: room for the pending entry first, then the fence (the
+    // host backend returns none: the free is complete at once).
+    mPending.reserve(mPending.size() + 1);
     void* fence = stream.ordered() ? mBackend->recordFence(stream.handle()) : nullptr;
-    mPending.reserve(mPending.size() + 1); // may throw bad_alloc: still nothing changed (the fence goes back)
     mStats.inUse -= it->second.size;
     ++mStats.freeCount;
     if (fence == nullptr)

@@ -45,7 +45,13 @@ from veo_edge.engine.selection import (
     median_ms,
     variants_to_build,
 )
-from veo_edge.errors import BackendError, BackendUnavailableError, CudaOutOfMemoryError, DeviceLostError
+from veo_edge.errors import (
+    BackendError,
+    BackendUnavailableError,
+    CudaOutOfMemoryError,
+    DeviceLostError,
+    ModelLoadError,
+)
 from veo_edge.runtime.backends.base import Runner, TensorMeta, Verdict
 from veo_edge.runtime.backends.tensorrt_engine import (
     EngineBlob,
@@ -278,9 +284,18 @@ def select_engine(
     cache = cache or cache_dir(build.path)
     variants = variants_to_build(config.engine, plugin_engine_possible(build, config.engine))
     blobs = {}
+    failed = None
     for v in variants:
         progress(f"engine {v}: building or loading from the cache")
-        blobs[v] = ensure_engine(build, config, v, force=force, cache=cache, gpu=gpu)
+        try:
+            blobs[v] = ensure_engine(build, config, v, force=force, cache=cache, gpu=gpu)
+        except (BackendError, ModelLoadError) as e:
+            if v != "plugins" or len(variants) == 1:
+                raise
+            failed = f"the plugin engine could not be built ({e}): TensorRT's own engine serves"
+            log.warning(failed)
+    if failed is not None:
+        return Decision(config.engine, "plain", failed), blobs  # not recorded: retried on the next build
     if len(variants) == 1:
         chosen = variants[0]
         why = f"--engine {config.engine} was asked for" if config.engine != "fastest" else "the only engine"
