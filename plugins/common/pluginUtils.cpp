@@ -1,5 +1,6 @@
 #include "pluginUtils.h"
 
+#include "launchChecks.h"
 #include "veoKernelStatus.h"
 
 #include <cstdio>
@@ -43,6 +44,31 @@ void logError(std::string const& msg) noexcept
     }
     catch (...) // a logger must never throw out of a noexcept plugin method
     {
+    }
+}
+
+void logError(char const* prefix, char const* msg) noexcept
+{
+    try
+    {
+        logError(std::string(prefix != nullptr ? prefix : "") + (msg != nullptr ? msg : ""));
+    }
+    catch (...) // no memory for the line: nothing more can be said
+    {
+    }
+}
+
+void requireMinSm(char const* op, int minSm)
+{
+    int sm = 0;
+    if (veoDeviceComputeCapability(&sm) != VEO_KERNEL_OK)
+    {
+        throw PluginConfigError(std::string(op) + ": " + veoKernelLastError());
+    }
+    std::string const problem = minSmProblem(op, sm, minSm);
+    if (!problem.empty())
+    {
+        throw PluginConfigError(problem);
     }
 }
 

@@ -15,6 +15,14 @@ namespace veo::plugin
 void setLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept;
 //! Report through TensorRT's logger when one was handed over, else on stderr.
 void logError(std::string const& msg) noexcept;
+//! logError(prefix + msg), building the line inside the noexcept call: for enqueue and the allocator, where
+//! even a std::string temporary (bad_alloc) must not escape.
+void logError(char const* prefix, char const* msg) noexcept;
+
+//! Throws PluginConfigError when the current GPU is older than `minSm` (the spec's min_sm), or when its
+//! compute capability cannot be read; called at plugin creation, so an engine never holds a plugin that
+//! cannot run on its device.
+void requireMinSm(char const* op, int minSm);
 
 //! Runs `body`; any exception becomes a logged error naming op::method and the result `onError`, because
 //! plugin methods are noexcept and TensorRT must see a status, never an exception.

@@ -17,7 +17,7 @@ typedef enum veo_kernel_status
     VEO_KERNEL_OK = 0,
     VEO_KERNEL_INVALID_ARGUMENT = 1, /* a size or pointer is wrong: see veoKernelLastError() */
     VEO_KERNEL_UNSUPPORTED = 2,      /* valid, but no kernel instance for it (e.g. head_dim 40) */
-    VEO_KERNEL_CUDA_ERROR = 3        /* the launch failed: cudaPeekAtLastError() text in veoKernelLastError() */
+    VEO_KERNEL_CUDA_ERROR = 3        /* the launch failed: cudaGetLastError() text in veoKernelLastError() */
 } veo_kernel_status;
 
 /* Same values as nvinfer1::DataType::kFLOAT / kHALF. */
@@ -29,6 +29,9 @@ typedef enum veo_dtype
 
 /* What the last failing launcher call on this thread said; "" after a success. */
 VEO_KERNEL_API const char* veoKernelLastError(void);
+
+/* Compute capability of the current device as major * 10 + minor (sm_87 -> 87). Returns a veo_kernel_status. */
+VEO_KERNEL_API int veoDeviceComputeCapability(int* sm);
 
 #ifdef __cplusplus
 }

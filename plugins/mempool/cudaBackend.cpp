@@ -1,6 +1,6 @@
-// CUDA device-memory backend of the pool. libcudart is opened with dlopen on first use, so the pool
-// library needs no CUDA at load time and the host backend works on machines without it.
-#include "memPool.h"
+// CUDA device-memory backend of the pool. libcudart is found with dlopen on first use (the one already in
+// the process first), so the pool library needs no CUDA at load time and the host backend works without it.
+#include "cudaBackend.h"
 
 #include <dlfcn.h>
 
@@ -11,77 +11,78 @@ namespace veo
 namespace
 {
 
-// The few cudart entry points the pool needs, with their C ABI (cudaError_t is an int enum,
-// cudaStream_t / cudaEvent_t are pointers). cudaSuccess = 0, cudaErrorNotReady = 600.
-using CudaMallocFn = int (*)(void**, std::size_t);
-using CudaFreeFn = int (*)(void*);
-using CudaEventCreateWithFlagsFn = int (*)(void**, unsigned);
-using CudaEventRecordFn = int (*)(void*, void*);
-using CudaEventQueryFn = int (*)(void*);
-using CudaEventDestroyFn = int (*)(void*);
-using CudaGetErrorStringFn = char const* (*) (int);
 constexpr int kCUDA_SUCCESS = 0;
 constexpr int kCUDA_ERROR_NOT_READY = 600;
 constexpr unsigned kCUDA_EVENT_DISABLE_TIMING = 0x02;
+//! CUDA majors whose cudart has a known soname, newest first (CUDA 11's soname is libcudart.so.11.0).
+constexpr int kKNOWN_MAJORS[] = {13, 12, 11};
 
-struct CudaRt
+std::string soname(int major)
 {
-    void* handle{nullptr};
-    CudaMallocFn malloc{nullptr};
-    CudaFreeFn free{nullptr};
-    CudaEventCreateWithFlagsFn eventCreate{nullptr};
-    CudaEventRecordFn eventRecord{nullptr};
-    CudaEventQueryFn eventQuery{nullptr};
-    CudaEventDestroyFn eventDestroy{nullptr};
-    CudaGetErrorStringFn errorString{nullptr};
-    std::string loadError;
-};
+    return major == 11 ? "libcudart.so.11.0" : "libcudart.so." + std::to_string(major);
+}
 
-CudaRt const& cudaRt()
+int driverVersion()
 {
-    static CudaRt const rt = [] {
-        CudaRt r;
-        char const* names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"};
-        for (char const* n : names)
-        {
-            r.handle = dlopen(n, RTLD_NOW | RTLD_LOCAL);
-            if (r.handle != nullptr)
-            {
-                break;
-            }
-        }
-        if (r.handle == nullptr)
-        {
-            r.loadError = "could not load libcudart (tried libcudart.so.13/.12/.11.0/.so): install the CUDA "
-                          "runtime or add its directory to LD_LIBRARY_PATH, or use the host backend";
-            return r;
-        }
-        r.malloc = reinterpret_cast<CudaMallocFn>(dlsym(r.handle, "cudaMalloc"));
-        r.free = reinterpret_cast<CudaFreeFn>(dlsym(r.handle, "cudaFree"));
-        r.eventCreate = reinterpret_cast<CudaEventCreateWithFlagsFn>(dlsym(r.handle, "cudaEventCreateWithFlags"));
-        r.eventRecord = reinterpret_cast<CudaEventRecordFn>(dlsym(r.handle, "cudaEventRecord"));
-        r.eventQuery = reinterpret_cast<CudaEventQueryFn>(dlsym(r.handle, "cudaEventQuery"));
-        r.eventDestroy = reinterpret_cast<CudaEventDestroyFn>(dlsym(r.handle, "cudaEventDestroy"));
-        r.errorString = reinterpret_cast<CudaGetErrorStringFn>(dlsym(r.handle, "cudaGetErrorString"));
-        if (!r.malloc || !r.free || !r.eventCreate || !r.eventRecord || !r.eventQuery || !r.eventDestroy
-            || !r.errorString)
-        {
-            r.loadError = "libcudart was found but lacks cudaMalloc/cudaEvent* symbols; check the CUDA install";
-        }
+    void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr)
+    {
+        return 0;
+    }
+    int version = 0;
+    auto get = reinterpret_cast<int (*)(int*)>(dlsym(h, "cuDriverGetVersion"));
+    if (get == nullptr || get(&version) != 0)
+    {
+        version = 0;
+    }
+    dlclose(h);
+    return version;
+}
+
+template <typename F>
+void bind(void* handle, char const* name, F& fn)
+{
+    fn = reinterpret_cast<F>(dlsym(handle, name));
+}
+
+CudaRt fromHandle(void* h)
+{
+    CudaRt r;
+    bind(h, "cudaMalloc", r.malloc);
+    bind(h, "cudaFree", r.free);
+    bind(h, "cudaEventCreateWithFlags", r.eventCreateWithFlags);
+    bind(h, "cudaEventRecord", r.eventRecord);
+    bind(h, "cudaEventQuery", r.eventQuery);
+    bind(h, "cudaEventSynchronize", r.eventSynchronize);
+    bind(h, "cudaEventDestroy", r.eventDestroy);
+    bind(h, "cudaGetErrorString", r.errorString);
+    if (!r.malloc || !r.free || !r.eventCreateWithFlags || !r.eventRecord || !r.eventQuery || !r.eventSynchronize
+        || !r.eventDestroy || !r.errorString)
+    {
+        r.loadError = "libcudart was found but lacks cudaMalloc/cudaEvent* symbols; check the CUDA install";
         return r;
-    }();
-    return rt;
+    }
+    Dl_info info{};
+    r.path = dladdr(reinterpret_cast<void*>(r.malloc), &info) != 0 && info.dli_fname ? info.dli_fname : "libcudart";
+    return r;
 }
 
 class CudaBackend : public PoolBackend
 {
 public:
-    CudaBackend()
-        : mRt(cudaRt())
+    explicit CudaBackend(CudaRt const& rt)
+        : mRt(rt)
     {
         if (!mRt.loadError.empty())
         {
             throw PoolError(PoolError::Code::kBACKEND_UNAVAILABLE, mRt.loadError);
+        }
+    }
+    ~CudaBackend() override
+    {
+        for (void* ev : mIdle)
+        {
+            mRt.eventDestroy(ev);
         }
     }
     char const* name() const noexcept override { return "cuda"; }
@@ -103,11 +104,17 @@ public:
 
     void* recordFence(void* stream) override
     {
+        // Events are pooled: one is created only when every earlier one is still pending.
         void* ev = nullptr;
-        int rc = mRt.eventCreate(&ev, kCUDA_EVENT_DISABLE_TIMING);
+        if (!mIdle.empty())
+        {
+            ev = mIdle.back();
+            mIdle.pop_back();
+        }
+        int rc = ev != nullptr ? kCUDA_SUCCESS : mRt.eventCreateWithFlags(&ev, kCUDA_EVENT_DISABLE_TIMING);
         if (rc == kCUDA_SUCCESS)
         {
-            rc = mRt.eventRecord(ev, stream);
+            rc = mRt.eventRecord(ev, stream); // a null stream is the legacy default stream
         }
         if (rc != kCUDA_SUCCESS)
         {
@@ -134,9 +141,27 @@ public:
         throw PoolError(PoolError::Code::kBACKEND_UNAVAILABLE,
             std::string("CUDA event query failed (the device may be lost): ") + mRt.errorString(rc));
     }
-    void destroyFence(void* fence) noexcept override
+    void waitFence(void* fence) override
     {
-        if (fence != nullptr)
+        int const rc = mRt.eventSynchronize(fence);
+        if (rc != kCUDA_SUCCESS)
+        {
+            throw PoolError(PoolError::Code::kBACKEND_UNAVAILABLE,
+                std::string("waiting on a CUDA event of a stream-ordered free failed (the device may be lost): ")
+                    + mRt.errorString(rc));
+        }
+    }
+    void releaseFence(void* fence) noexcept override
+    {
+        if (fence == nullptr)
+        {
+            return;
+        }
+        try
+        {
+            mIdle.push_back(fence);
+        }
+        catch (...) // no room to keep it: destroy it instead
         {
             mRt.eventDestroy(fence);
         }
@@ -144,13 +169,69 @@ public:
 
 private:
     CudaRt const& mRt;
+    std::vector<void*> mIdle; //!< recorded-and-done events, ready for the next recordFence
 };
 
 } // namespace
 
+std::vector<std::string> cudartCandidates(int driver)
+{
+    int const major = driver > 0 ? driver / 1000 : 0;
+    std::vector<std::string> out;
+    for (int m : kKNOWN_MAJORS)
+    {
+        if (m == major)
+        {
+            out.push_back(soname(m)); // the driver's own major first
+        }
+    }
+    for (int m : kKNOWN_MAJORS)
+    {
+        if (m != major && (major == 0 || m < major))
+        {
+            out.push_back(soname(m));
+        }
+    }
+    out.emplace_back("libcudart.so");
+    return out;
+}
+
+CudaRt const& processCudaRt()
+{
+    static CudaRt const rt = [] {
+        std::vector<std::string> const names = cudartCandidates(driverVersion());
+        for (int const flags : {RTLD_NOW | RTLD_NOLOAD, RTLD_NOW | RTLD_LOCAL}) // loaded ones first
+        {
+            for (auto const& n : names)
+            {
+                if (void* h = dlopen(n.c_str(), flags))
+                {
+                    return fromHandle(h);
+                }
+            }
+        }
+        CudaRt r;
+        std::string tried;
+        for (auto const& n : names)
+        {
+            tried += (tried.empty() ? "" : ", ") + n;
+        }
+        r.loadError = "could not load libcudart (tried " + tried
+            + ", matching the driver's CUDA version): install the CUDA runtime or add its directory to "
+              "LD_LIBRARY_PATH, or use the host backend";
+        return r;
+    }();
+    return rt;
+}
+
+std::unique_ptr<PoolBackend> makeCudaBackend(CudaRt const& rt)
+{
+    return std::make_unique<CudaBackend>(rt);
+}
+
 std::unique_ptr<PoolBackend> makeCudaBackend()
 {
-    return std::make_unique<CudaBackend>();
+    return makeCudaBackend(processCudaRt());
 }
 
 } // namespace veo

@@ -1,31 +1,35 @@
 #include "gpuAsyncAllocator.h"
 
 #include "pluginUtils.h"
+#include "poolAllocatorContract.h"
 
 namespace veo::plugin
 {
 
+// The contract (size 0, alignment, null stream = legacy default stream) lives in poolAllocatorContract.cpp,
+// tested on the host; this only forwards and logs. kRESIZABLE needs no special handling: reallocate()
+// keeps IGpuAllocator's default (nullptr), so TensorRT allocates anew.
 void* PoolGpuAllocator::allocateAsync(
     uint64_t const size, uint64_t const alignment, nvinfer1::AllocatorFlags const, cudaStream_t stream) noexcept
 {
-    // Slices are 256-byte aligned; any power-of-two alignment up to 256 is met. kRESIZABLE needs no
-    // special handling: reallocate() keeps IGpuAllocator's default (nullptr), so TensorRT allocates anew.
-    if (alignment > MemPool::kALIGNMENT || (alignment & (alignment - 1)) != 0)
+    std::string why;
+    void* p = poolAllocateAsync(mPool, size, alignment, stream, why);
+    if (p == nullptr && !why.empty())
     {
-        logError("PoolGpuAllocator: alignment " + std::to_string(alignment)
-            + " requested; the pool serves power-of-two alignments up to 256");
-        return nullptr;
+        logError("PoolGpuAllocator::allocateAsync: ", why.c_str()); // noexcept-clean: no temporary here
     }
-    return guarded<void*>("PoolGpuAllocator", "allocateAsync", nullptr,
-        [&] { return mPool.allocate(static_cast<std::size_t>(size == 0 ? 1 : size), stream); });
+    return p;
 }
 
 bool PoolGpuAllocator::deallocateAsync(void* const memory, cudaStream_t stream) noexcept
 {
-    return guarded<bool>("PoolGpuAllocator", "deallocateAsync", false, [&] {
-        mPool.free(memory, stream);
-        return true;
-    });
+    std::string why;
+    bool const ok = poolDeallocateAsync(mPool, memory, stream, why);
+    if (!ok)
+    {
+        logError("PoolGpuAllocator::deallocateAsync: ", why.c_str());
+    }
+    return ok;
 }
 
 } // namespace veo::plugin

@@ -51,24 +51,30 @@ MemPool::MemPool(std::unique_ptr<PoolBackend> backend, std::size_t capacity)
     if (capacity == 0)
     {
         throw PoolError(PoolError::Code::kINVALID_ARGUMENT,
-            "memory pool capacity is 0 bytes; pass the bytes to reserve (design: 4x the max-batch activation need)");
+            "memory pool capacity is 0 bytes; pass the bytes to reserve (design: 4x the max-batch activation + I/O need)");
     }
-    addRegion(alignedSize(capacity, "memory pool capacity"));
+    std::size_t const bytes = alignedSize(capacity, "memory pool capacity");
+    addRegion(bytes, false);
+    mDefaultOverflowLimit = bytes;
+    mStats.overflowLimit = bytes;
 }
 
 MemPool::~MemPool()
 {
     for (auto const& p : mPending)
     {
-        mBackend->destroyFence(p.fence);
+        mBackend->releaseFence(p.fence);
     }
     for (auto const& r : mRegions)
     {
-        mBackend->release(r.first, r.second);
+        if (r.bytes != 0)
+        {
+            mBackend->release(r.base, r.bytes);
+        }
     }
 }
 
-void MemPool::addRegion(std::size_t bytes)
+void MemPool::addRegion(std::size_t bytes, bool overflow)
 {
     void* base = mBackend->reserve(bytes);
     auto const addr = reinterpret_cast<std::uintptr_t>(base);
@@ -78,11 +84,16 @@ void MemPool::addRegion(std::size_t bytes)
         throw PoolError(PoolError::Code::kBACKEND_UNAVAILABLE, "backend returned memory that is not 256-byte aligned");
     }
     auto const region = static_cast<std::uint32_t>(mRegions.size());
-    mRegions.emplace_back(base, bytes);
+    mRegions.push_back(Region{base, bytes, overflow});
     mBlocks.emplace(addr, Block{bytes, region, true});
     mFree.emplace(bytes, addr);
     mStats.capacity += bytes;
-    mStats.regionCount = mRegions.size();
+    ++mStats.regionCount;
+    if (overflow)
+    {
+        mStats.overflowBytes += bytes;
+        ++mStats.overflowCount;
+    }
 }
 
 void MemPool::eraseFreeIndexLocked(std::uintptr_t addr, std::size_t size)
@@ -140,12 +151,31 @@ void MemPool::makeFreeLocked(std::uintptr_t addr)
         }
     }
     mFree.emplace(it->second.size, it->first);
+    releaseRegionIfFreeLocked(it->first);
+}
+
+void MemPool::releaseRegionIfFreeLocked(std::uintptr_t addr)
+{
+    auto it = mBlocks.find(addr);
+    Region& r = mRegions.at(it->second.region);
+    if (!r.overflow || it->second.size != r.bytes)
+    {
+        return; // the reservation stays; an overflow region stays while any part of it is used or pending
+    }
+    eraseFreeIndexLocked(addr, r.bytes);
+    mBlocks.erase(it);
+    mBackend->release(r.base, r.bytes);
+    mStats.capacity -= r.bytes;
+    mStats.overflowBytes -= r.bytes;
+    --mStats.regionCount;
+    ++mStats.overflowReleased;
+    r.bytes = 0;
 }
 
 void MemPool::reclaimLocked()
 {
     // Compacts mPending in place. If fenceDone throws (a lost device), the entries already reclaimed are
-    // still dropped, so none is freed twice or has its fence destroyed twice on the next call.
+    // still dropped, so none is freed twice or has its fence released twice on the next call.
     auto keep = mPending.begin();
     auto it = mPending.begin();
     try
@@ -154,7 +184,7 @@ void MemPool::reclaimLocked()
         {
             if (mBackend->fenceDone(it->fence))
             {
-                mBackend->destroyFence(it->fence);
+                mBackend->releaseFence(it->fence);
                 mStats.pendingFree -= mBlocks.at(it->addr).size;
                 makeFreeLocked(it->addr);
             }
@@ -172,7 +202,46 @@ void MemPool::reclaimLocked()
     mPending.erase(keep, mPending.end());
 }
 
-void* MemPool::allocate(std::size_t bytes, void* stream)
+void* MemPool::takePendingLocked(std::vector<Pending>::iterator it)
+{
+    // Taken whole (not split), so no part of a pending slice ever reaches another stream early.
+    void* p = reinterpret_cast<void*>(it->addr);
+    mStats.pendingFree -= mBlocks.at(it->addr).size;
+    mBackend->releaseFence(it->fence);
+    mPending.erase(it);
+    return p;
+}
+
+void* MemPool::waitForFitLocked(std::size_t need)
+{
+    while (!mPending.empty())
+    {
+        // The smallest pending slice that holds `need` on its own; else the oldest free, whose slice may
+        // coalesce with its neighbours into a fitting block.
+        auto pick = mPending.begin();
+        std::size_t best = 0;
+        for (auto pit = mPending.begin(); pit != mPending.end(); ++pit)
+        {
+            std::size_t const sz = mBlocks.at(pit->addr).size;
+            if (sz >= need && (best == 0 || sz < best))
+            {
+                pick = pit;
+                best = sz;
+            }
+        }
+        mBackend->waitFence(pick->fence); // may throw (a lost device): nothing changed yet
+        ++mStats.fenceWaits;
+        reclaimLocked();
+        auto it = mFree.lower_bound(need);
+        if (it != mFree.end())
+        {
+            return takeLocked(it, need);
+        }
+    }
+    return nullptr;
+}
+
+void* MemPool::allocate(std::size_t bytes, Stream stream)
 {
     if (bytes == 0)
     {
@@ -190,39 +259,39 @@ void* MemPool::allocate(std::size_t bytes, void* stream)
     {
         p = takeLocked(it, need);
     }
-    if (p == nullptr && stream != nullptr)
+    if (p == nullptr && stream.ordered())
     {
-        // Same-stream reuse of a pending slice: stream order makes it safe. Taken whole (not split), so
-        // no part of a pending slice ever reaches another stream early.
         auto best = mPending.end();
         for (auto pit = mPending.begin(); pit != mPending.end(); ++pit)
         {
             std::size_t const sz = mBlocks.at(pit->addr).size;
-            if (pit->stream == stream && sz >= need && (best == mPending.end() || sz < mBlocks.at(best->addr).size))
+            if (pit->stream == stream.handle() && sz >= need
+                && (best == mPending.end() || sz < mBlocks.at(best->addr).size))
             {
                 best = pit;
             }
         }
         if (best != mPending.end())
         {
-            p = reinterpret_cast<void*>(best->addr);
-            mStats.pendingFree -= mBlocks.at(best->addr).size;
-            mBackend->destroyFence(best->fence);
-            mPending.erase(best);
+            p = takePendingLocked(best);
         }
     }
     if (p == nullptr)
     {
-        if (!mOverflowAllowed)
+        p = waitForFitLocked(need); // a free still in flight on another stream beats growing
+    }
+    if (p == nullptr)
+    {
+        if (mStats.overflowBytes + need > mStats.overflowLimit)
         {
             std::ostringstream msg;
             msg << "memory pool exhausted: asked for " << need << " bytes, largest free slice is "
-                << (mFree.empty() ? 0 : mFree.rbegin()->first) << " of " << mStats.capacity
-                << " reserved; create the pool with a larger capacity or allow overflow";
+                << (mFree.empty() ? 0 : mFree.rbegin()->first) << " of " << mStats.capacity << " reserved, and "
+                << mStats.overflowBytes << " of the " << mStats.overflowLimit
+                << " overflow bytes allowed are in use; create the pool with a larger capacity or allow more overflow";
             throw PoolError(PoolError::Code::kOUT_OF_MEMORY, msg.str());
         }
-        addRegion(need);
-        ++mStats.overflowCount;
+        addRegion(need, true);
         p = takeLocked(mFree.lower_bound(need), need); // the new region's block: nothing else fit
     }
     std::size_t const got = mBlocks.at(reinterpret_cast<std::uintptr_t>(p)).size;
@@ -232,7 +301,7 @@ void* MemPool::allocate(std::size_t bytes, void* stream)
     return p;
 }
 
-void MemPool::free(void* ptr, void* stream)
+void MemPool::free(void* ptr, Stream stream)
 {
     if (ptr == nullptr)
     {
@@ -253,7 +322,10 @@ void MemPool::free(void* ptr, void* stream)
             << "elsewhere); free only what this pool's allocate returned, once";
         throw PoolError(PoolError::Code::kUNKNOWN_POINTER, msg.str());
     }
-    void* fence = stream != nullptr ? mBackend->recordFence(stream) : nullptr; // may throw: nothing changed yet
+    // Both may throw, and nothing has changed yet: room for the pending entry first, then the fence (the
+    // host backend returns none: the free is complete at once).
+    mPending.reserve(mPending.size() + 1);
+    void* fence = stream.ordered() ? mBackend->recordFence(stream.handle()) : nullptr;
     mStats.inUse -= it->second.size;
     ++mStats.freeCount;
     if (fence == nullptr)
@@ -261,7 +333,7 @@ void MemPool::free(void* ptr, void* stream)
         makeFreeLocked(addr);
         return;
     }
-    mPending.push_back(Pending{addr, stream, fence});
+    mPending.push_back(Pending{addr, stream.handle(), fence});
     mStats.pendingFree += it->second.size;
 }
 
@@ -293,7 +365,13 @@ PoolStats MemPool::stats() const
 void MemPool::setOverflowAllowed(bool allowed)
 {
     std::lock_guard<std::mutex> lock(mMutex);
-    mOverflowAllowed = allowed;
+    mStats.overflowLimit = allowed ? mDefaultOverflowLimit : 0;
+}
+
+void MemPool::setOverflowLimit(std::size_t bytes)
+{
+    std::lock_guard<std::mutex> lock(mMutex);
+    mStats.overflowLimit = bytes;
 }
 
 std::string MemPool::checkInvariants() const
@@ -301,6 +379,8 @@ std::string MemPool::checkInvariants() const
     std::lock_guard<std::mutex> lock(mMutex);
     std::ostringstream err;
     std::vector<std::size_t> covered(mRegions.size(), 0);
+    std::uint64_t overflow = 0;
+    std::uint64_t live = 0;
     std::uintptr_t prevEnd = 0;
     std::size_t freeBlocks = 0;
     std::uint64_t used = 0;
@@ -316,8 +396,8 @@ std::string MemPool::checkInvariants() const
             err << "block " << kv.first << " overlaps its predecessor; ";
         }
         prevEnd = kv.first + b.size;
-        auto const base = reinterpret_cast<std::uintptr_t>(mRegions.at(b.region).first);
-        if (kv.first < base || prevEnd > base + mRegions[b.region].second)
+        auto const base = reinterpret_cast<std::uintptr_t>(mRegions.at(b.region).base);
+        if (kv.first < base || prevEnd > base + mRegions[b.region].bytes)
         {
             err << "block " << kv.first << " outside its region; ";
         }
@@ -339,10 +419,25 @@ std::string MemPool::checkInvariants() const
     }
     for (std::size_t r = 0; r < mRegions.size(); ++r)
     {
-        if (covered[r] != mRegions[r].second)
+        if (covered[r] != mRegions[r].bytes)
         {
             err << "region " << r << " not tiled by its blocks; ";
         }
+        overflow += mRegions[r].overflow ? mRegions[r].bytes : 0;
+        live += mRegions[r].bytes != 0;
+        if (mRegions[r].overflow && mRegions[r].bytes != 0)
+        {
+            auto b = mBlocks.find(reinterpret_cast<std::uintptr_t>(mRegions[r].base));
+            if (b != mBlocks.end() && b->second.free && b->second.size == mRegions[r].bytes)
+            {
+                err << "overflow region " << r << " is entirely free but was not released; ";
+            }
+        }
+    }
+    if (overflow != mStats.overflowBytes || live != mStats.regionCount)
+    {
+        err << "region accounting " << mStats.overflowBytes << " overflow bytes / " << mStats.regionCount
+            << " regions != " << overflow << " / " << live << "; ";
     }
     if (freeBlocks != mFree.size())
     {

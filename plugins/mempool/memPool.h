@@ -1,5 +1,6 @@
 // veo-edge memory pool: one region reserved up front, 256-byte aligned best-fit slices, coalescing on
-// free, stream-ordered frees, and an explicit, counted overflow path. No TensorRT, no CUDA headers.
+// free, stream-ordered frees, and an explicit, counted, bounded overflow path whose regions are given back
+// once they are free again. No TensorRT, no CUDA headers.
 #pragma once
 
 #include <cstddef>
@@ -14,8 +15,30 @@
 namespace veo
 {
 
-//! Where the pool's memory comes from and how stream-ordered frees are fenced.
-//! A stream and an event are opaque handles (cudaStream_t / cudaEvent_t for the CUDA backend).
+//! The stream a call is ordered on. `Stream::none()` (the default) means no stream: a free is reusable at
+//! once, an allocation reuses no pending slice. Any other value is a cudaStream_t, and a null one is the
+//! legacy default stream (what TensorRT's IGpuAsyncAllocator means by a null stream), fenced like any other.
+class Stream
+{
+public:
+    constexpr Stream(void* handle) noexcept // NOLINT(google-explicit-constructor): a cudaStream_t converts
+        : mHandle(handle)
+        , mOrdered(true)
+    {
+    }
+    static constexpr Stream none() noexcept { return Stream(); }
+    constexpr bool ordered() const noexcept { return mOrdered; }
+    constexpr void* handle() const noexcept { return mHandle; }
+
+private:
+    constexpr Stream() noexcept = default;
+    void* mHandle{nullptr};
+    bool mOrdered{false};
+};
+
+//! Where the pool's memory comes from and how stream-ordered frees are fenced. A stream and a fence are
+//! opaque handles (cudaStream_t / cudaEvent_t for the CUDA backend). The pool calls every method under its
+//! lock, so a backend needs no locking of its own.
 class PoolBackend
 {
 public:
@@ -24,11 +47,15 @@ public:
     //! Reserve `bytes` (a multiple of 256); returns a 256-byte aligned pointer or throws PoolError.
     virtual void* reserve(std::size_t bytes) = 0;
     virtual void release(void* base, std::size_t bytes) noexcept = 0;
-    //! Record a fence on `stream`; nullptr means "nothing to wait for".
+    //! Record a fence on `stream` (nullptr: the legacy default stream); returns nullptr when there is
+    //! nothing to wait for (the host backend).
     virtual void* recordFence(void* stream) = 0;
     //! True once the work queued on the fence's stream before recordFence has finished.
     virtual bool fenceDone(void* fence) = 0;
-    virtual void destroyFence(void* fence) noexcept = 0;
+    //! Block until fenceDone(fence) would be true.
+    virtual void waitFence(void* fence) = 0;
+    //! The pool is done with `fence`; the backend may recycle it for a later recordFence.
+    virtual void releaseFence(void* fence) noexcept = 0;
 };
 
 //! Host memory (aligned_alloc). Streams are ignored: every free is complete at once.
@@ -40,11 +67,12 @@ public:
     void release(void* base, std::size_t bytes) noexcept override;
     void* recordFence(void*) override { return nullptr; }
     bool fenceDone(void*) override { return true; }
-    void destroyFence(void*) noexcept override {}
+    void waitFence(void*) override {}
+    void releaseFence(void*) noexcept override {}
 };
 
-//! CUDA device memory through libcudart, loaded with dlopen on first use, so that the pool library
-//! loads and works with the host backend on machines without CUDA.
+//! CUDA device memory through libcudart (see cudaBackend.h): loaded with dlopen on first use, so that the
+//! pool library loads and works with the host backend on machines without CUDA.
 std::unique_ptr<PoolBackend> makeCudaBackend();
 
 //! An error a caller can act on: the message says what, got, expected and what to do.
@@ -81,7 +109,11 @@ struct PoolStats
     std::uint64_t allocCount{0};     //!< successful allocations, ever
     std::uint64_t freeCount{0};
     std::uint64_t overflowCount{0};  //!< regions added because the pool was exhausted
-    std::uint64_t regionCount{0};
+    std::uint64_t regionCount{0};    //!< regions held now (the reservation + live overflow regions)
+    std::uint64_t overflowBytes{0};  //!< bytes held now in overflow regions (part of capacity)
+    std::uint64_t overflowLimit{0};  //!< most bytes overflow regions may hold at once
+    std::uint64_t overflowReleased{0}; //!< overflow regions given back once entirely free
+    std::uint64_t fenceWaits{0};     //!< allocations that waited on a pending free instead of growing
 };
 
 class MemPool
@@ -89,24 +121,30 @@ class MemPool
 public:
     static constexpr std::size_t kALIGNMENT = 256;
 
-    //! Reserves `capacity` bytes (rounded up to 256) from `backend` at once.
+    //! Reserves `capacity` bytes (rounded up to 256) from `backend` at once. Overflow regions may hold up
+    //! to `capacity` bytes more until setOverflowLimit says otherwise.
     MemPool(std::unique_ptr<PoolBackend> backend, std::size_t capacity);
     ~MemPool();
     MemPool(MemPool const&) = delete;
     MemPool& operator=(MemPool const&) = delete;
 
-    //! A 256-byte aligned slice of at least `bytes` (> 0). `stream` may reuse slices freed on the same
-    //! stream that the stream has not passed yet (stream order makes that safe). When no free slice
-    //! fits, the pool adds an overflow region (counted) unless overflow is disabled.
-    void* allocate(std::size_t bytes, void* stream = nullptr);
-    //! Return a slice. With a stream, the slice is reused by other streams only once `stream` has
-    //! passed this point; without one, at once.
-    void free(void* ptr, void* stream = nullptr);
+    //! A 256-byte aligned slice of at least `bytes` (> 0). In this order: the best-fitting free slice; on
+    //! an ordered `stream`, a slice freed on that same stream it has not passed yet (stream order makes that
+    //! safe); a slice freed on another stream, after waiting for that stream to pass the free; and only then
+    //! a new overflow region (counted, within the overflow limit), else kOUT_OF_MEMORY.
+    void* allocate(std::size_t bytes, Stream stream = Stream::none());
+    //! Return a slice. On an ordered stream (null = the legacy default stream) the slice is reused by
+    //! other streams only once that stream has passed this point; with Stream::none(), at once. An overflow
+    //! region that is entirely free again is given back to the backend.
+    void free(void* ptr, Stream stream = Stream::none());
     //! Size of the slice at `ptr` (as allocated, aligned), or throws kUNKNOWN_POINTER.
     std::size_t sliceSize(void const* ptr) const;
     PoolStats stats() const;
-    //! With overflow disabled, exhaustion throws kOUT_OF_MEMORY instead of growing.
+    //! With overflow disabled, exhaustion throws kOUT_OF_MEMORY instead of growing (= setOverflowLimit(0));
+    //! enabling it restores the default limit (the initial capacity).
     void setOverflowAllowed(bool allowed);
+    //! Most bytes the overflow regions may hold at once; an allocation past it throws kOUT_OF_MEMORY.
+    void setOverflowLimit(std::size_t bytes);
     //! Check internal invariants (blocks tile the regions, no overlap, free index consistent).
     //! Returns an empty string when sound, else what is wrong. For tests.
     std::string checkInvariants() const;
@@ -122,25 +160,36 @@ private:
     struct Pending
     {
         std::uintptr_t addr;
-        void* stream;
+        void* stream; //!< the ordered stream of the free (nullptr: the legacy default stream)
         void* fence;
+    };
+    struct Region
+    {
+        void* base;
+        std::size_t bytes; //!< 0 once released
+        bool overflow;
     };
     using BlockMap = std::map<std::uintptr_t, Block>;
     using FreeIndex = std::multimap<std::size_t, std::uintptr_t>;
 
-    void addRegion(std::size_t bytes);
+    void addRegion(std::size_t bytes, bool overflow);
     void reclaimLocked();
+    //! Waits on pending frees (the best-fitting one first, else the oldest) until `need` fits; nullptr
+    //! when nothing pending can make it fit.
+    void* waitForFitLocked(std::size_t need);
+    void* takePendingLocked(std::vector<Pending>::iterator it);
     void makeFreeLocked(std::uintptr_t addr);
+    void releaseRegionIfFreeLocked(std::uintptr_t addr);
     void* takeLocked(FreeIndex::iterator it, std::size_t bytes);
     void eraseFreeIndexLocked(std::uintptr_t addr, std::size_t size);
 
     std::unique_ptr<PoolBackend> mBackend;
     mutable std::mutex mMutex;
-    std::vector<std::pair<void*, std::size_t>> mRegions;
+    std::vector<Region> mRegions;
     BlockMap mBlocks;
     FreeIndex mFree;
     std::vector<Pending> mPending;
-    bool mOverflowAllowed{true};
+    std::size_t mDefaultOverflowLimit{0};
     PoolStats mStats;
 };
 

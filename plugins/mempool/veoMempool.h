@@ -9,7 +9,7 @@
 extern "C" {
 #endif
 
-#define VEO_MEMPOOL_ABI_VERSION 1
+#define VEO_MEMPOOL_ABI_VERSION 2
 
 #if defined(__GNUC__)
 #define VEO_MEMPOOL_API __attribute__((visibility("default")))
@@ -47,6 +47,11 @@ typedef struct veo_mempool_stats
     uint64_t free_count;
     uint64_t overflow_count;
     uint64_t region_count;
+    /* ABI 2 */
+    uint64_t overflow_bytes;    /* bytes held now in overflow regions (part of capacity) */
+    uint64_t overflow_limit;    /* most bytes overflow regions may hold at once */
+    uint64_t overflow_released; /* overflow regions given back once entirely free */
+    uint64_t fence_waits;       /* allocations that waited on a pending free instead of growing */
 } veo_mempool_stats;
 
 typedef struct veo_mempool veo_mempool;
@@ -55,11 +60,18 @@ VEO_MEMPOOL_API int veo_mempool_abi_version(void);
 /* Reserves `capacity` bytes (rounded up to 256) from the backend at once. */
 VEO_MEMPOOL_API int veo_mempool_create(int backend, uint64_t capacity, veo_mempool** out);
 VEO_MEMPOOL_API int veo_mempool_destroy(veo_mempool* pool);
-/* 256-byte aligned slice; `stream` (cudaStream_t or NULL) only matters for the CUDA backend. */
+/* 256-byte aligned slice; `stream` (cudaStream_t, or NULL for no stream) only matters for the CUDA backend. */
 VEO_MEMPOOL_API int veo_mempool_alloc(veo_mempool* pool, uint64_t size, void* stream, void** out);
-/* With a stream, the slice is reused by other streams only once `stream` has passed this point. */
+/* With a stream, the slice is reused by other streams only once `stream` has passed this point; with NULL
+ * (no stream) at once. */
 VEO_MEMPOOL_API int veo_mempool_free(veo_mempool* pool, void* ptr, void* stream);
 VEO_MEMPOOL_API int veo_mempool_set_overflow(veo_mempool* pool, int allowed);
+/* ABI 2. As alloc/free, but always stream-ordered: a NULL stream is the legacy default stream (what
+ * TensorRT's IGpuAsyncAllocator means by it) and is fenced like any other. */
+VEO_MEMPOOL_API int veo_mempool_alloc_async(veo_mempool* pool, uint64_t size, void* stream, void** out);
+VEO_MEMPOOL_API int veo_mempool_free_async(veo_mempool* pool, void* ptr, void* stream);
+/* ABI 2. Most bytes the overflow regions may hold at once (default: the capacity; 0 = no overflow). */
+VEO_MEMPOOL_API int veo_mempool_set_overflow_limit(veo_mempool* pool, uint64_t bytes);
 VEO_MEMPOOL_API int veo_mempool_get_stats(veo_mempool* pool, veo_mempool_stats* out);
 /* Empty string when the pool's internal invariants hold, else what is wrong (for tests). */
 VEO_MEMPOOL_API int veo_mempool_check(veo_mempool* pool, char* buf, uint64_t buf_len);

@@ -98,7 +98,19 @@ int veo_mempool_alloc(veo_mempool* pool, uint64_t size, void* stream, void** out
         return nullPool();
     }
     *out = nullptr;
-    return guarded([&] { *out = pool->pool->allocate(static_cast<std::size_t>(size), stream); });
+    // NULL is "no stream" here (ABI 1); veo_mempool_alloc_async takes NULL as the legacy default stream
+    veo::Stream const s = stream != nullptr ? veo::Stream(stream) : veo::Stream::none();
+    return guarded([&] { *out = pool->pool->allocate(static_cast<std::size_t>(size), s); });
+}
+
+int veo_mempool_alloc_async(veo_mempool* pool, uint64_t size, void* stream, void** out)
+{
+    if (pool == nullptr || out == nullptr)
+    {
+        return nullPool();
+    }
+    *out = nullptr;
+    return guarded([&] { *out = pool->pool->allocate(static_cast<std::size_t>(size), veo::Stream(stream)); });
 }
 
 int veo_mempool_free(veo_mempool* pool, void* ptr, void* stream)
@@ -107,7 +119,26 @@ int veo_mempool_free(veo_mempool* pool, void* ptr, void* stream)
     {
         return nullPool();
     }
-    return guarded([&] { pool->pool->free(ptr, stream); });
+    veo::Stream const s = stream != nullptr ? veo::Stream(stream) : veo::Stream::none();
+    return guarded([&] { pool->pool->free(ptr, s); });
+}
+
+int veo_mempool_free_async(veo_mempool* pool, void* ptr, void* stream)
+{
+    if (pool == nullptr)
+    {
+        return nullPool();
+    }
+    return guarded([&] { pool->pool->free(ptr, veo::Stream(stream)); });
+}
+
+int veo_mempool_set_overflow_limit(veo_mempool* pool, uint64_t bytes)
+{
+    if (pool == nullptr)
+    {
+        return nullPool();
+    }
+    return guarded([&] { pool->pool->setOverflowLimit(static_cast<std::size_t>(bytes)); });
 }
 
 int veo_mempool_set_overflow(veo_mempool* pool, int allowed)
@@ -128,7 +159,8 @@ int veo_mempool_get_stats(veo_mempool* pool, veo_mempool_stats* out)
     return guarded([&] {
         veo::PoolStats const s = pool->pool->stats();
         *out = veo_mempool_stats{s.capacity, s.inUse, s.peakInUse, s.pendingFree, s.largestFree, s.totalFree,
-            s.fragmentation, s.allocCount, s.freeCount, s.overflowCount, s.regionCount};
+            s.fragmentation, s.allocCount, s.freeCount, s.overflowCount, s.regionCount, s.overflowBytes,
+            s.overflowLimit, s.overflowReleased, s.fenceWaits};
     });
 }
 

@@ -29,10 +29,18 @@ struct Failure
 {
     std::string what;
 };
+//! Thrown by a test that cannot run here (e.g. no CUDA runtime on the machine): exit code 77, which
+//! CMake registers as SKIP_RETURN_CODE, so ctest reports it as skipped, never as passed.
+struct Skip
+{
+    std::string why;
+};
+constexpr int kSKIP_RETURN_CODE = 77;
 inline int runMain(int argc, char** argv)
 {
     int failed = 0;
     int ran = 0;
+    int skipped = 0;
     for (auto const& c : registry())
     {
         if (argc > 1 && std::string(argv[1]) != c.name)
@@ -44,6 +52,11 @@ inline int runMain(int argc, char** argv)
         {
             c.fn();
             std::printf("[ OK   ] %s\n", c.name);
+        }
+        catch (Skip const& s)
+        {
+            ++skipped;
+            std::printf("[ SKIP ] %s: %s\n", c.name, s.why.c_str());
         }
         catch (Failure const& f)
         {
@@ -61,7 +74,11 @@ inline int runMain(int argc, char** argv)
         std::printf("no test named '%s'\n", argc > 1 ? argv[1] : "");
         return 2;
     }
-    return failed == 0 ? 0 : 1;
+    if (failed != 0)
+    {
+        return 1;
+    }
+    return skipped == ran ? kSKIP_RETURN_CODE : 0;
 }
 } // namespace veo::test
 

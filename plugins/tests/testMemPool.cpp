@@ -1,10 +1,19 @@
-// Unit tests of the memory pool on the host backend (and a fake backend with controllable fences).
+// Unit tests of the memory pool on the host backend, a fake backend with controllable fences, and the CUDA
+// backend over stand-ins for the cudart calls it makes (what CUDA itself does is all that is faked).
+#include "cudaBackend.h"
 #include "memPool.h"
+#include "poolAllocatorContract.h"
 #include "testHarness.h"
 #include "veoMempool.h"
 
+#include <dlfcn.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <random>
@@ -34,16 +43,23 @@ class FencedBackend : public veo::HostBackend
 {
 public:
     std::map<void*, bool> done; // fence -> completed
+    std::vector<void*> streams; // the stream of every recorded fence, in order
     int next{1};
+    int waits{0};
     void* recordFence(void* stream) override
     {
         void* f = reinterpret_cast<void*>(static_cast<std::uintptr_t>(next++) << 8);
         done[f] = false;
-        (void) stream;
+        streams.push_back(stream);
         return f;
     }
     bool fenceDone(void* f) override { return done.at(f); }
-    void destroyFence(void* f) noexcept override { done.erase(f); }
+    void waitFence(void* f) override // what cudaEventSynchronize does: the stream reaches the fence
+    {
+        ++waits;
+        done.at(f) = true;
+    }
+    void releaseFence(void* f) noexcept override { done.erase(f); }
     void completeAll()
     {
         for (auto& kv : done)
@@ -185,19 +201,49 @@ VEO_TEST(exhaustion_overflow_counted)
     auto pool = hostPool(1 << 16);
     void* a = pool->allocate(1 << 16);
     VEO_CHECK_EQ(pool->stats().overflowCount, 0u);
+    VEO_CHECK_EQ(pool->stats().overflowLimit, 1u << 16); // default: overflow may double the reservation
     void* b = pool->allocate(1000); // exhausted: explicit overflow region
     auto s = pool->stats();
     VEO_CHECK_EQ(s.overflowCount, 1u);
     VEO_CHECK_EQ(s.regionCount, 2u);
+    VEO_CHECK_EQ(s.overflowBytes, 1024u);
     VEO_CHECK_EQ(s.capacity, (1u << 16) + 1024u);
-    pool->free(b);
-    void* c = pool->allocate(1024); // reuses the overflow region, no further growth
-    VEO_CHECK_EQ(pool->stats().overflowCount, 1u);
+    pool->free(b); // the overflow region is entirely free again: given back
+    s = pool->stats();
+    VEO_CHECK_EQ(s.overflowReleased, 1u);
+    VEO_CHECK_EQ(s.regionCount, 1u);
+    VEO_CHECK_EQ(s.capacity, 1u << 16);
+    VEO_CHECK_EQ(s.overflowBytes, 0u);
     pool->setOverflowAllowed(false);
     VEO_CHECK_THROWS(pool->allocate(1 << 20), PoolError, "memory pool exhausted: asked for 1048576 bytes");
     pool->free(a);
-    pool->free(c);
-    VEO_CHECK_EQ(pool->stats().capacity, (1u << 16) + 1024u); // never returned while the pool lives
+    requireSound(*pool);
+}
+
+VEO_TEST(overflow_is_bounded_and_released)
+{
+    auto pool = hostPool(1 << 16);
+    void* a = pool->allocate(1 << 16);
+    void* b = pool->allocate(1 << 15); // overflow 32 KiB of the 64 KiB allowed
+    void* c = pool->allocate(1 << 14); // 48 KiB
+    VEO_CHECK_THROWS(pool->allocate(1 << 15), PoolError, "49152 of the 65536 overflow bytes allowed are in use");
+    auto s = pool->stats();
+    VEO_CHECK_EQ(s.overflowCount, 2u);
+    VEO_CHECK_EQ(s.overflowBytes, 3u << 14);
+    pool->setOverflowLimit(1 << 20);
+    void* d = pool->allocate(1 << 15); // within the raised limit
+    VEO_CHECK_EQ(pool->stats().overflowCount, 3u);
+    for (void* p : {b, c, d})
+    {
+        pool->free(p);
+    }
+    s = pool->stats();
+    VEO_CHECK_EQ(s.overflowReleased, 3u);
+    VEO_CHECK_EQ(s.capacity, 1u << 16);
+    VEO_CHECK_EQ(s.regionCount, 1u);
+    requireSound(*pool);
+    pool->free(a);
+    VEO_CHECK_EQ(pool->stats().largestFree, 1u << 16); // the reservation itself is never released
     requireSound(*pool);
 }
 
@@ -275,7 +321,14 @@ public:
     std::uintptr_t next{1}; // touched only under the pool's lock
     void* recordFence(void*) override { return reinterpret_cast<void*>(next++); }
     bool fenceDone(void* f) override { return reinterpret_cast<std::uintptr_t>(f) <= completed.load(); }
-    void destroyFence(void*) noexcept override {}
+    void waitFence(void* f) override
+    {
+        while (!fenceDone(f))
+        {
+            std::this_thread::yield();
+        }
+    }
+    void releaseFence(void*) noexcept override {}
 };
 
 VEO_TEST(stream_ordered_free_threads)
@@ -352,21 +405,248 @@ VEO_TEST(stream_ordered_free)
     void* a = pool.allocate(4096, s1);
     pool.free(a, s1);
     VEO_CHECK_EQ(pool.stats().pendingFree, 4096u);
-    // Another stream must not get the slice before s1 passed the free: it overflows instead.
-    void* b = pool.allocate(4096, s2);
-    VEO_CHECK(b != a);
-    VEO_CHECK_EQ(pool.stats().overflowCount, 1u);
-    // The same stream may reuse it at once (stream order).
+    // The same stream may reuse it at once (stream order), without waiting.
     void* c = pool.allocate(4096, s1);
     VEO_CHECK_EQ(c, a);
+    VEO_CHECK_EQ(fb->waits, 0);
     pool.free(c, s1);
+    // Another stream gets the slice only after s1 passed the free: the pool waits on the fence rather than
+    // opening an overflow region of the size asked.
+    void* b = pool.allocate(4096, s2);
+    VEO_CHECK_EQ(b, a);
+    VEO_CHECK_EQ(fb->waits, 1);
+    auto s = pool.stats();
+    VEO_CHECK_EQ(s.fenceWaits, 1u);
+    VEO_CHECK_EQ(s.overflowCount, 0u);
+    VEO_CHECK_EQ(s.pendingFree, 0u);
     pool.free(b, s2);
     fb->completeAll();
-    void* d = pool.allocate(4096, s2); // fences done: reclaimed for everyone
-    VEO_CHECK_EQ(pool.stats().overflowCount, 1u);
-    VEO_CHECK_EQ(pool.stats().pendingFree, 0u);
+    void* d = pool.allocate(4096); // fences done: reclaimed for everyone, no wait
+    VEO_CHECK_EQ(fb->waits, 1);
     pool.free(d);
     requireSound(pool);
+}
+
+VEO_TEST(wait_picks_the_fitting_pending_free)
+{
+    auto backend = std::make_unique<FencedBackend>();
+    FencedBackend* fb = backend.get();
+    MemPool pool(std::move(backend), 8192);
+    void* s1 = reinterpret_cast<void*>(0x100);
+    void* small = pool.allocate(1024, s1);
+    void* sep = pool.allocate(256);
+    void* big = pool.allocate(8192 - 1024 - 256, s1);
+    pool.free(small, s1); // oldest, but too small for what is asked next
+    pool.free(big, s1);
+    void* p = pool.allocate(4096); // no stream: waits on the free of `big` only
+    VEO_CHECK_EQ(p, big);
+    VEO_CHECK_EQ(fb->waits, 1);
+    VEO_CHECK_EQ(pool.stats().pendingFree, 1024u);
+    pool.free(p);
+    pool.free(sep);
+    fb->completeAll();
+    requireSound(pool);
+}
+
+VEO_TEST(null_stream_is_the_legacy_default_stream)
+{
+    // TensorRT's deallocateAsync(ptr, nullptr) means the legacy default stream, not "free now": the slice
+    // must stay fenced until that stream passed the free.
+    auto backend = std::make_unique<FencedBackend>();
+    FencedBackend* fb = backend.get();
+    MemPool pool(std::move(backend), 4096);
+    void* a = pool.allocate(4096, nullptr);
+    pool.free(a, nullptr);
+    VEO_CHECK_EQ(fb->streams.size(), 1u);
+    VEO_CHECK(fb->streams[0] == nullptr); // fenced on the null (legacy default) stream
+    VEO_CHECK_EQ(pool.stats().pendingFree, 4096u);
+    void* b = pool.allocate(4096, nullptr); // the same (legacy) stream may reuse it at once
+    VEO_CHECK_EQ(b, a);
+    VEO_CHECK_EQ(fb->waits, 0);
+    pool.free(b); // Stream::none(): complete at once, no fence
+    VEO_CHECK_EQ(fb->streams.size(), 1u);
+    VEO_CHECK_EQ(pool.stats().pendingFree, 0u);
+    requireSound(pool);
+}
+
+VEO_TEST(adapter_contract)
+{
+    auto backend = std::make_unique<FencedBackend>();
+    FencedBackend* fb = backend.get();
+    MemPool pool(std::move(backend), 1 << 16);
+    std::string why = "stale";
+    VEO_CHECK(veo::poolAllocateAsync(pool, 0, 0, nullptr, why) == nullptr); // size 0: nullptr, not a slice
+    VEO_CHECK_EQ(why, std::string());
+    VEO_CHECK_EQ(pool.stats().allocCount, 0u);
+    VEO_CHECK(veo::poolAllocateAsync(pool, 100, 512, nullptr, why) == nullptr);
+    VEO_CHECK(why.find("alignment 512 requested") != std::string::npos);
+    VEO_CHECK(veo::poolAllocateAsync(pool, 100, 48, nullptr, why) == nullptr); // not a power of two
+    void* p = veo::poolAllocateAsync(pool, 100, 256, nullptr, why);
+    VEO_CHECK(p != nullptr);
+    void* q = veo::poolAllocateAsync(pool, 100, 0, nullptr, why); // 0: any alignment
+    VEO_CHECK(q != nullptr);
+    VEO_CHECK(veo::poolDeallocateAsync(pool, nullptr, nullptr, why)); // TensorRT may free what was nullptr
+    VEO_CHECK(veo::poolDeallocateAsync(pool, p, nullptr, why));
+    VEO_CHECK_EQ(fb->streams.size(), 1u); // fenced on the legacy default stream
+    VEO_CHECK_EQ(pool.stats().pendingFree, 256u);
+    VEO_CHECK(!veo::poolDeallocateAsync(pool, p, nullptr, why)); // a double free is refused, not a crash
+    VEO_CHECK(why.find("not a live slice") != std::string::npos);
+    pool.setOverflowAllowed(false);
+    VEO_CHECK(veo::poolAllocateAsync(pool, 1 << 20, 0, nullptr, why) == nullptr); // exhausted: nullptr
+    VEO_CHECK(why.find("memory pool exhausted") != std::string::npos);
+    VEO_CHECK(veo::poolDeallocateAsync(pool, q, reinterpret_cast<void*>(0x300), why));
+    fb->completeAll();
+    requireSound(pool);
+}
+
+namespace
+{
+//! Stand-ins for the cudart calls of the CUDA backend: host memory and counted events.
+struct FakeCuda
+{
+    static inline int created = 0;
+    static inline int destroyed = 0;
+    static inline int records = 0;
+    static inline int syncs = 0;
+    static inline std::map<void*, bool> done;
+    static int malloc(void** p, std::size_t n)
+    {
+        *p = std::aligned_alloc(256, n);
+        return *p != nullptr ? 0 : 2;
+    }
+    static int free(void* p)
+    {
+        std::free(p);
+        return 0;
+    }
+    static int create(void** ev, unsigned)
+    {
+        *ev = new int(++created);
+        return 0;
+    }
+    static int record(void* ev, void*)
+    {
+        ++records;
+        done[ev] = false;
+        return 0;
+    }
+    static int query(void* ev) { return done.at(ev) ? 0 : 600; }
+    static int sync(void* ev)
+    {
+        ++syncs;
+        done.at(ev) = true;
+        return 0;
+    }
+    static int destroy(void* ev)
+    {
+        ++destroyed;
+        done.erase(ev);
+        delete static_cast<int*>(ev);
+        return 0;
+    }
+    static char const* error(int) { return "fake error"; }
+    static veo::CudaRt table()
+    {
+        veo::CudaRt rt;
+        rt.malloc = malloc;
+        rt.free = free;
+        rt.eventCreateWithFlags = create;
+        rt.eventRecord = record;
+        rt.eventQuery = query;
+        rt.eventSynchronize = sync;
+        rt.eventDestroy = destroy;
+        rt.errorString = error;
+        return rt;
+    }
+    static void completeAll()
+    {
+        for (auto& kv : done)
+        {
+            kv.second = true;
+        }
+    }
+};
+} // namespace
+
+VEO_TEST(cuda_backend_pools_its_events)
+{
+    veo::CudaRt const rt = FakeCuda::table();
+    {
+        MemPool pool(veo::makeCudaBackend(rt), 1 << 20);
+        void* s1 = reinterpret_cast<void*>(0x100);
+        void* s2 = reinterpret_cast<void*>(0x200);
+        for (int i = 0; i < 1000; ++i)
+        {
+            void* a = pool.allocate(4096, s1);
+            void* b = pool.allocate(8192, s2);
+            pool.free(a, s1);
+            pool.free(b, s2);
+            FakeCuda::completeAll(); // both streams pass their frees
+        }
+        VEO_CHECK_EQ(FakeCuda::records, 2000);
+        VEO_CHECK(FakeCuda::created <= 2); // one event per concurrently pending free, not one per free
+        VEO_CHECK_EQ(FakeCuda::destroyed, 0);
+        // A pending free on another stream is waited on (cudaEventSynchronize), not grown around.
+        void* all = pool.allocate(1 << 20, s1);
+        pool.free(all, s1);
+        void* again = pool.allocate(1 << 20, s2);
+        VEO_CHECK_EQ(again, all);
+        VEO_CHECK_EQ(FakeCuda::syncs, 1);
+        VEO_CHECK_EQ(pool.stats().overflowCount, 0u);
+        pool.free(again);
+        requireSound(pool);
+    }
+    VEO_CHECK_EQ(FakeCuda::destroyed, FakeCuda::created); // the backend destroys its idle events
+}
+
+VEO_TEST(cudart_candidates_follow_the_driver)
+{
+    auto join = [](std::vector<std::string> const& v) {
+        std::string s;
+        for (auto const& n : v)
+        {
+            s += n + " ";
+        }
+        return s;
+    };
+    VEO_CHECK_EQ(join(veo::cudartCandidates(12040)), std::string("libcudart.so.12 libcudart.so.11.0 libcudart.so "));
+    VEO_CHECK_EQ(join(veo::cudartCandidates(13000)),
+        std::string("libcudart.so.13 libcudart.so.12 libcudart.so.11.0 libcudart.so "));
+    VEO_CHECK_EQ(join(veo::cudartCandidates(11080)), std::string("libcudart.so.11.0 libcudart.so "));
+    // no driver to ask: every known soname, newest first
+    VEO_CHECK_EQ(join(veo::cudartCandidates(0)),
+        std::string("libcudart.so.13 libcudart.so.12 libcudart.so.11.0 libcudart.so "));
+}
+
+VEO_TEST(cudart_already_loaded_is_preferred)
+{
+    // A cudart loaded by path from outside the loader's search path (as TensorRT's or PyTorch's wheels do)
+    // must be the one the pool binds, not a second copy found by name: load a private copy first.
+    char const* home = std::getenv("CUDA_HOME");
+    std::string const dir = std::string(home != nullptr ? home : "/usr/local/cuda") + "/lib64/";
+    std::string src;
+    for (char const* n : {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"})
+    {
+        if (std::filesystem::exists(dir + n))
+        {
+            src = dir + n;
+            break;
+        }
+    }
+    if (src.empty())
+    {
+        throw veo::test::Skip{"no libcudart under " + dir + " (set CUDA_HOME)"};
+    }
+    auto const tmp = std::filesystem::temp_directory_path() / ("veo-cudart-" + std::to_string(getpid()));
+    std::filesystem::create_directories(tmp);
+    auto const copy = tmp / std::filesystem::path(src).filename();
+    std::filesystem::copy_file(src, copy, std::filesystem::copy_options::overwrite_existing);
+    void* h = dlopen(copy.c_str(), RTLD_NOW | RTLD_LOCAL);
+    VEO_CHECK(h != nullptr);
+    veo::CudaRt const& rt = veo::processCudaRt();
+    std::filesystem::remove_all(tmp); // the mapping stays valid
+    VEO_CHECK_EQ(rt.loadError, std::string());
+    VEO_CHECK_EQ(rt.path, copy.string());
 }
 
 VEO_TEST(thread_safety)
@@ -458,6 +738,14 @@ VEO_TEST(c_abi)
     VEO_CHECK_EQ(s.in_use, 256u);
     VEO_CHECK_EQ(veo_mempool_free(pool, p, nullptr), int(VEO_MEMPOOL_OK));
     VEO_CHECK_EQ(veo_mempool_free(pool, p, nullptr), int(VEO_MEMPOOL_UNKNOWN_POINTER));
+    VEO_CHECK_EQ(veo_mempool_abi_version(), 2);
+    VEO_CHECK_EQ(veo_mempool_alloc_async(pool, 10, nullptr, &p), int(VEO_MEMPOOL_OK));
+    VEO_CHECK_EQ(veo_mempool_free_async(pool, p, nullptr), int(VEO_MEMPOOL_OK)); // host: complete at once
+    VEO_CHECK_EQ(veo_mempool_set_overflow_limit(pool, 0), int(VEO_MEMPOOL_OK));
+    VEO_CHECK_EQ(veo_mempool_get_stats(pool, &s), int(VEO_MEMPOOL_OK));
+    VEO_CHECK_EQ(s.overflow_limit, 0u);
+    VEO_CHECK_EQ(s.in_use, 0u);
+    VEO_CHECK_EQ(veo_mempool_alloc(pool, 2048, nullptr, &p), int(VEO_MEMPOOL_OUT_OF_MEMORY));
     char buf[256];
     VEO_CHECK_EQ(veo_mempool_check(pool, buf, sizeof(buf)), int(VEO_MEMPOOL_OK));
     VEO_CHECK_EQ(std::string(buf), std::string());

@@ -1,4 +1,5 @@
 // Tests of the TensorRT-free plugin logic: attributes against the spec, input counts, shape rules.
+#include "launchChecks.h"
 #include "testHarness.h"
 #include "veoAttentionConfig.h"
 #include "veoAttentionSpec.h"
@@ -151,6 +152,37 @@ VEO_TEST(patch_embed_shapes)
     VEO_CHECK_EQ(vk.has_layernorm, 0);
     vin[1] = Shape{{192, 3, 16, 16}};
     VEO_CHECK_THROWS(v.outputShapes(vin), PluginConfigError, "input weight has shape (192, 3, 16, 16), expected");
+}
+
+VEO_TEST(patch_embed_shared_memory_counts_its_static_part)
+{
+    namespace pe = veo::patch_embed;
+    int const optin = 163 * 1024; // sm_80 / sm_87 sharedMemPerBlockOptin
+    // 1518 is the largest embed_dim whose dynamic + static shared memory fits the 48 KiB default; 1519..1527
+    // used to skip the opt-in because only the dynamic part was compared with 48 KiB.
+    VEO_CHECK(!veo::smemPlan(pe::dynamicSmemBytes(1518), pe::kSTATIC_SMEM_BYTES, optin).optIn);
+    for (int e = 1519; e <= 1527; ++e)
+    {
+        VEO_CHECK(pe::dynamicSmemBytes(e) <= veo::kDEFAULT_SMEM_BYTES); // the old check said "no opt-in"
+        VEO_CHECK(veo::smemPlan(pe::dynamicSmemBytes(e), pe::kSTATIC_SMEM_BYTES, optin).optIn);
+    }
+    auto const widest = veo::smemPlan(pe::dynamicSmemBytes(VEO_PATCH_EMBED_MAX_EMBED_DIM), pe::kSTATIC_SMEM_BYTES, optin);
+    VEO_CHECK(widest.optIn && widest.fits);
+    VEO_CHECK(!veo::smemPlan(pe::dynamicSmemBytes(VEO_PATCH_EMBED_MAX_EMBED_DIM), pe::kSTATIC_SMEM_BYTES, 48 * 1024).fits);
+    VEO_CHECK_EQ(pe::kSTATIC_SMEM_BYTES, 288);
+}
+
+VEO_TEST(minimum_sm_is_enforced_with_a_clear_error)
+{
+    namespace a = veo::spec::veoAttention;
+    namespace p = veo::spec::veoPatchEmbedLayerNorm;
+    VEO_CHECK_EQ(a::kMIN_SM, 80);
+    VEO_CHECK_EQ(p::kMIN_SM, 80);
+    VEO_CHECK_EQ(veo::minSmProblem(a::kNAME, 87, a::kMIN_SM), std::string()); // Orin
+    VEO_CHECK_EQ(veo::minSmProblem(a::kNAME, 80, a::kMIN_SM), std::string()); // A100
+    VEO_CHECK_EQ(veo::minSmProblem(p::kNAME, 75, p::kMIN_SM),
+        std::string("VeoPatchEmbedLayerNorm needs a GPU of compute capability 8.0 or newer (sm_80), this one is "
+                    "sm_75; build the engine without the plugins (veo-edge engine build --engine plain)"));
 }
 
 VEO_TEST_MAIN()

@@ -179,16 +179,12 @@ template <typename T, int D>
 int launch(void const* qkv, void* out, int batch, int seq, int heads, float scale, cudaStream_t stream)
 {
     constexpr int kSmem = smemBytes<D>();
+    static SmemOptIn sOptIn; // the attribute is set once per device, not per launch
     auto kernel = attentionKernel<T, D>;
-    if (kSmem > 48 * 1024)
+    int const status = reserveSharedMemory(kernel, sOptIn, kSmem, kSmem, "veoAttention");
+    if (status != VEO_KERNEL_OK)
     {
-        cudaError_t const err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-        if (err != cudaSuccess)
-        {
-            return kernelFail(VEO_KERNEL_CUDA_ERROR,
-                std::string("veoAttention: cannot reserve ") + std::to_string(kSmem)
-                    + " bytes of shared memory: " + cudaGetErrorString(err) + " (needs sm_80 or newer)");
-        }
+        return status;
     }
     dim3 const grid((seq + kBQ - 1) / kBQ, heads, batch);
     float const scaleLog2e = scale * 1.4426950408889634F;

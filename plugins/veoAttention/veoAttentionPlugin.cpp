@@ -149,7 +149,7 @@ int32_t VeoAttentionPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTen
         mConfig.effectiveScale(), stream);
     if (status != VEO_KERNEL_OK)
     {
-        logError(std::string(spec::kNAME) + "::enqueue: " + veoKernelLastError());
+        logError("VeoAttention::enqueue: ", veoKernelLastError()); // builds no string out here: noexcept-clean
     }
     return status;
 }
@@ -192,8 +192,11 @@ PluginFieldCollection const* VeoAttentionPluginCreator::getFieldNames() noexcept
 
 IPluginV3* VeoAttentionPluginCreator::createPlugin(char const*, PluginFieldCollection const* fc, TensorRTPhase) noexcept
 {
-    return guarded<IPluginV3*>("createPlugin", nullptr,
-        [&] { return new VeoAttentionPlugin(AttentionConfig::fromFields(toFields(fc))); });
+    return guarded<IPluginV3*>("createPlugin", nullptr, [&] {
+        auto const config = AttentionConfig::fromFields(toFields(fc));
+        requireMinSm(spec::kNAME, spec::kMIN_SM); // build and deserialisation alike
+        return new VeoAttentionPlugin(config);
+    });
 }
 
 } // namespace veo::plugin

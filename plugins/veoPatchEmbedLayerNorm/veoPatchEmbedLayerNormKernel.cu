@@ -17,10 +17,10 @@ namespace veo
 namespace
 {
 
-constexpr int kTHREADS = 256;
-constexpr int kWARPS = kTHREADS / 32;
-constexpr int kTT = 8; // token rows per CTA
-constexpr int kKC = 8; // K chunk
+using patch_embed::kKC;
+using patch_embed::kTHREADS;
+using patch_embed::kTT;
+using patch_embed::kWARPS;
 
 struct Geometry
 {
@@ -227,16 +227,17 @@ template <typename T, int kEPT>
 int launch(veo_patch_embed_params const& p, Geometry const& g, void const* const* in, void* tokens,
     void* tokensLn, cudaStream_t stream)
 {
-    int const smem = (kKC * (p.embed_dim + 1) + kTT * kKC) * static_cast<int>(sizeof(float));
+    // The 48 KiB check counts the kernel's static shared memory too (embed_dim 1519..1527 needs the opt-in
+    // although its dynamic part alone fits), and the attribute is set once per device, not per launch.
+    static SmemOptIn sOptIn;
+    int const smem = patch_embed::dynamicSmemBytes(p.embed_dim);
     auto kernel = patchEmbedKernel<T, kEPT>;
-    if (smem > 48 * 1024)
+    int const maxEmbed = kEPT * kTHREADS < VEO_PATCH_EMBED_MAX_EMBED_DIM ? kEPT * kTHREADS : VEO_PATCH_EMBED_MAX_EMBED_DIM;
+    int const status
+        = reserveSharedMemory(kernel, sOptIn, smem, patch_embed::dynamicSmemBytes(maxEmbed), "veoPatchEmbedLayerNorm");
+    if (status != VEO_KERNEL_OK)
     {
-        cudaError_t const err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        if (err != cudaSuccess)
-        {
-            return kernelFail(VEO_KERNEL_CUDA_ERROR,
-                std::string("veoPatchEmbedLayerNorm: cannot reserve shared memory: ") + cudaGetErrorString(err));
-        }
+        return status;
     }
     dim3 const grid((g.rows + kTT - 1) / kTT, p.batch);
     auto const c = [&](int i) { return static_cast<T const*>(in[i]); };

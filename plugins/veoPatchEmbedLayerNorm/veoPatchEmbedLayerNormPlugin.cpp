@@ -160,7 +160,10 @@ int32_t VeoPatchEmbedLayerNormPlugin::onShapeChange(
     PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const*, int32_t) noexcept
 {
     return guarded<int32_t>("onShapeChange", -1, [&] {
-        mConfig.kernelParams(shapesOf(in, nbInputs)); // validates concrete shapes once, not per enqueue
+        // Validates the concrete shapes and computes the kernel parameters once per shape, so that enqueue
+        // builds no vector and runs nothing that can throw.
+        mParams = mConfig.kernelParams(shapesOf(in, nbInputs));
+        mHaveParams = true;
         return 0;
     });
 }
@@ -168,18 +171,20 @@ int32_t VeoPatchEmbedLayerNormPlugin::onShapeChange(
 int32_t VeoPatchEmbedLayerNormPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const*,
     void const* const* inputs, void* const* outputs, void*, cudaStream_t stream) noexcept
 {
-    return guarded<int32_t>("enqueue", -1, [&] {
-        veo_patch_embed_params const p = mConfig.kernelParams(shapesOf(inputDesc, mConfig.nbInputs()));
-        auto const opt = [&](int32_t idx) { return idx >= 0 ? inputs[idx] : nullptr; };
-        int const status = veoPatchEmbedLayerNormForward(&p, toVeoDtype(inputDesc[0].type), inputs[0], inputs[1],
-            inputs[2], opt(mConfig.prefixIndex()), opt(mConfig.posIndex()), opt(mConfig.lnWeightIndex()),
-            opt(mConfig.lnBiasIndex()), outputs[0], mConfig.hasLayerNorm ? outputs[1] : nullptr, stream);
-        if (status != VEO_KERNEL_OK)
-        {
-            logError(std::string(spec::kNAME) + "::enqueue: " + veoKernelLastError());
-        }
-        return static_cast<int32_t>(status);
-    });
+    if (!mHaveParams || inputDesc[0].dims.d[0] != mParams.batch)
+    {
+        logError("VeoPatchEmbedLayerNorm::enqueue: ", "called without onShapeChange for this batch size");
+        return -1;
+    }
+    auto const opt = [&](int32_t idx) { return idx >= 0 ? inputs[idx] : nullptr; };
+    int const status = veoPatchEmbedLayerNormForward(&mParams, toVeoDtype(inputDesc[0].type), inputs[0], inputs[1],
+        inputs[2], opt(mConfig.prefixIndex()), opt(mConfig.posIndex()), opt(mConfig.lnWeightIndex()),
+        opt(mConfig.lnBiasIndex()), outputs[0], mConfig.hasLayerNorm ? outputs[1] : nullptr, stream);
+    if (status != VEO_KERNEL_OK)
+    {
+        logError("VeoPatchEmbedLayerNorm::enqueue: ", veoKernelLastError());
+    }
+    return static_cast<int32_t>(status);
 }
 
 IPluginV3* VeoPatchEmbedLayerNormPlugin::attachToContext(IPluginResourceContext*) noexcept
@@ -223,8 +228,11 @@ PluginFieldCollection const* VeoPatchEmbedLayerNormPluginCreator::getFieldNames(
 IPluginV3* VeoPatchEmbedLayerNormPluginCreator::createPlugin(
     char const*, PluginFieldCollection const* fc, TensorRTPhase) noexcept
 {
-    return guarded<IPluginV3*>("createPlugin", nullptr,
-        [&] { return new VeoPatchEmbedLayerNormPlugin(PatchEmbedConfig::fromFields(toFields(fc))); });
+    return guarded<IPluginV3*>("createPlugin", nullptr, [&] {
+        auto const config = PatchEmbedConfig::fromFields(toFields(fc));
+        requireMinSm(spec::kNAME, spec::kMIN_SM); // build and deserialisation alike
+        return new VeoPatchEmbedLayerNormPlugin(config);
+    });
 }
 
 } // namespace veo::plugin

@@ -50,6 +50,8 @@ private:
 
     PatchEmbedConfig mConfig;
     FieldStorage mSerialized;
+    veo_patch_embed_params mParams{}; //!< for the shapes of the last onShapeChange
+    bool mHaveParams{false};
 };
 
 class VeoPatchEmbedLayerNormPluginCreator : public nvinfer1::IPluginCreatorV3One

@@ -5,7 +5,15 @@ import json
 
 import pytest
 
-from veo_edge.engine.cache import CacheEntry, EngineKey, cache_dir, timing_cache_path
+from veo_edge.engine.cache import (
+    CacheEntry,
+    ChoiceRecord,
+    EngineKey,
+    cache_dir,
+    read_choices,
+    timing_cache_path,
+)
+from veo_edge.engine.selection import Decision, Measurement
 
 KEY = EngineKey(
     gpu_name="Orin (nvgpu)",
@@ -69,3 +77,25 @@ def test_cache_locations(tmp_path, monkeypatch):
     monkeypatch.setenv("VEO_EDGE_ENGINE_CACHE", str(tmp_path / "c"))
     assert cache_dir(tmp_path) == tmp_path / "c"
     assert timing_cache_path(tmp_path, KEY).name == "timing-sm87-trt10.3.0.cache"
+
+
+def test_a_choice_is_read_back_only_for_the_same_pair_of_engines(tmp_path):
+    plain = dataclasses.replace(KEY, plugin_sha256=None, model_sha256="11" * 32)
+    decision = Decision(
+        "fastest", "plain", "the plugin engine is not faster at batch 8",
+        {"plain": Measurement("plain", {1: 1.0, 8: 3.0}, 1e-5, 4.0),
+         "plugins": Measurement("plugins", {1: 0.9, 8: 3.5}, 2e-5, 4.0)},
+        5e-5,
+    )  # fmt: skip
+    record = ChoiceRecord.for_keys(tmp_path, "vit-tiny", plain, KEY)
+    assert record.read(plain, KEY) is None  # nothing recorded yet
+    record.write(plain, KEY, decision, batches=[1, 8], warmup=10, reps=50)
+    assert record.read(plain, KEY) == decision
+    # another plugin library or model: another record, and the old one does not answer for it
+    other = dataclasses.replace(KEY, plugin_sha256="ef" * 32)
+    assert ChoiceRecord.for_keys(tmp_path, "vit-tiny", plain, other).path != record.path
+    assert record.read(plain, other) is None
+    [shown] = read_choices(tmp_path, "vit-tiny")
+    assert shown["decision"]["chosen"] == "plain" and shown["reps"] == 50
+    record.path.write_text("{torn")
+    assert record.read(plain, KEY) is None and read_choices(tmp_path, "vit-tiny") == []

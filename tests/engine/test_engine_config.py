@@ -3,6 +3,7 @@
 import pytest
 
 from veo_edge.engine.config import (
+    POOL_FACTOR,
     EngineConfig,
     engine_gpu_bytes,
     estimate_unbuilt_gpu_bytes,
@@ -66,11 +67,30 @@ def test_config_validation(kw, match):
 
 def test_memory_arithmetic():
     assert io_bytes((3, 32, 32), (10,), 8) == 8 * (3072 + 10) * 4
-    assert pool_capacity(100 * MIB, 0) == 125 * MIB  # 1.25x, whole MiB
+    assert POOL_FACTOR == 4.0  # the design: 4x the max-batch activation + I/O need
+    assert pool_capacity(100 * MIB, 20 * MIB) == 480 * MIB  # 4 x (activations + I/O), whole MiB
+    assert pool_capacity(100 * MIB, 0, factor=1.5) == 150 * MIB
     assert pool_capacity(1, 0) == MIB
-    assert engine_gpu_bytes(50 * MIB, 100 * MIB, 0) == 175 * MIB
-    assert estimate_unbuilt_gpu_bytes(40 * MIB, 0, "fp16") == 20 * MIB + 25 * MIB
-    assert estimate_unbuilt_gpu_bytes(40 * MIB, 0, "fp32") == 40 * MIB + 50 * MIB
+    assert pool_capacity(10 * MIB, 0, weights=7 * MIB) == 47 * MIB  # the weights once, not 4x
+    assert engine_gpu_bytes(50 * MIB, 100 * MIB, 0) == 450 * MIB
+    assert estimate_unbuilt_gpu_bytes(40 * MIB, 0, "fp16") == 20 * MIB + 80 * MIB
+    assert estimate_unbuilt_gpu_bytes(40 * MIB, 0, "fp32") == 40 * MIB + 160 * MIB
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        (
+            {"pool_factor": 0.5},
+            r"memory pool factor must be a number in 1..64 .*got 0.5; the design's default is 4",
+        ),
+        ({"engine": "tensorrt"}, r"unknown engine choice 'tensorrt'; choose one of: fastest, plugins, plain"),
+    ],
+)
+def test_pool_factor_and_engine_choice_are_validated(kw, match):
+    with pytest.raises(UsageError, match=match):
+        EngineConfig(max_batch=4, **kw)
+    assert EngineConfig(max_batch=4).pool_factor == 4.0 and EngineConfig(max_batch=4).engine == "fastest"
 
 
 @pytest.mark.parametrize(

@@ -54,9 +54,36 @@ def test_exhaustion_overflows_and_is_counted(pool: MemPool) -> None:
     extra = pool.alloc(1000)
     s = pool.stats()
     assert (s.overflow_count, s.region_count, s.capacity) == (1, 2, (1 << 20) + 1024)
-    pool.free(extra)
+    assert (s.overflow_bytes, s.overflow_limit) == (1024, 1 << 20)  # overflow may double the reservation
+    pool.free(extra)  # the overflow region is free again: given back
+    s = pool.stats()
+    assert (s.capacity, s.region_count, s.overflow_bytes, s.overflow_released) == (1 << 20, 1, 0, 1)
     pool.free(big)
-    assert pool.stats().capacity == (1 << 20) + 1024  # never given back while the pool lives
+    assert pool.check() == ""
+
+
+def test_overflow_limit_bounds_growth(pool_lib: Path) -> None:
+    with MemPool("host", capacity=4096, overflow_limit=8192, library=pool_lib) as p:
+        held = [p.alloc(4096), p.alloc(4096), p.alloc(4096)]  # 8 KiB of overflow: at the limit
+        with pytest.raises(MemPoolError, match=r"8192 of the 8192 overflow bytes allowed are in use"):
+            p.alloc(256)
+        for ptr in held:
+            p.free(ptr)
+        assert p.stats().overflow_released == 2
+    with pytest.raises(UsageError, match="overflow limit must be >= 0 bytes, got -1"):
+        MemPool("host", capacity=4096, overflow_limit=-1, library=pool_lib)
+
+
+def test_stream_ordered_calls_take_stream_zero(pool: MemPool) -> None:
+    # 0 is the legacy default stream for the async calls (the host backend completes every free at once)
+    ptr = pool.alloc_async(1000, 0)
+    assert pool.stats().in_use == 1024
+    pool.free_async(ptr, 0)
+    assert (pool.stats().in_use, pool.stats().pending_free) == (0, 0)
+    with pytest.raises(MemPoolError, match="not a live slice"):
+        pool.free_async(ptr, 0)
+    with pytest.raises(MemPoolError, match="cannot allocate 0 bytes"):
+        pool.alloc_async(0, 0)
 
 
 def test_no_overflow_pool_raises(pool_lib: Path) -> None:

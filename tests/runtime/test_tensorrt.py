@@ -76,3 +76,57 @@ def test_the_key_follows_the_model_and_the_plugin_library(nano_build):
         ).plugin_sha256
         is None
     )
+
+
+def test_backends_do_not_import_the_policy():
+    """The TensorRT backend reaches for nothing above it: importing it loads no runtime.policy."""
+    import subprocess
+    import sys
+
+    code = "import sys, veo_edge.runtime.backends.tensorrt; print('veo_edge.runtime.policy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    from veo_edge.runtime import policy
+    from veo_edge.runtime.backends import base
+
+    assert policy.Verdict is base.Verdict  # one type, defined below both
+
+
+def test_a_gpu_index_that_does_not_exist_is_refused(monkeypatch):
+    from veo_edge.errors import UsageError
+    from veo_edge.runtime import probes
+    from veo_edge.runtime.backends import tensorrt_engine
+
+    devices = [{"name": "NVIDIA A100", "compute_capability": "8.0"}]
+    monkeypatch.setattr(probes, "probe_gpu", lambda: probes.Probe("gpu", True, data={"devices": devices}))
+    assert tensorrt_engine.gpu_identity(0) == ("NVIDIA A100", "8.0")
+    with pytest.raises(UsageError, match=r"--gpu 2: this machine has 1 GPU\(s\), numbered 0..0"):
+        tensorrt_engine.gpu_identity(2)
+
+
+def test_fastest_without_the_plugin_library_builds_tensorrts_own_engine(
+    nano_build, monkeypatch, tmp_path, caplog
+):
+    from veo_edge.engine import plugin_library
+    from veo_edge.engine.selection import variants_to_build
+    from veo_edge.runtime.backends import tensorrt_engine
+
+    build = BuildDir.open(nano_build)
+    monkeypatch.delenv(plugin_library.ENV_VAR, raising=False)
+    monkeypatch.setattr(plugin_library, "find_plugin_library", lambda search_dirs=None: None)
+    assert tensorrt_engine.plugin_engine_possible(build, "fastest") is False
+    assert "libveo_edge_plugins.so is not built here: only TensorRT's own engine" in caplog.text
+    assert variants_to_build("fastest", False) == ["plain"]
+    assert tensorrt_engine.required_plugin_library(build, "plain") is None  # the plain engine needs none
+    # forcing the plugin engine without the library is an error that says what to do
+    assert tensorrt_engine.plugin_engine_possible(build, "plugins") is True
+    with pytest.raises(BackendUnavailableError, match=r"needs libveo_edge_plugins.so.*or use --engine plain"):
+        tensorrt_engine.required_plugin_library(build, "plugins")
+    lib = tmp_path / "libveo_edge_plugins.so"
+    lib.write_bytes(b"\x7fELF")
+    monkeypatch.setattr(
+        plugin_library,
+        "find_plugin_library",
+        lambda search_dirs=None: plugin_library.PluginLibrary.from_path(lib),
+    )
+    assert tensorrt_engine.plugin_engine_possible(build, "fastest") is True

@@ -6,10 +6,12 @@ from __future__ import annotations
 import enum
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from veo_edge.errors import BackendError, BackendUnavailableError, CudaOutOfMemoryError, DeviceLostError
 from veo_edge.runtime.backends import tensorrt as trt_backend
+from veo_edge.runtime.backends import tensorrt_engine as trt_engine
 
 
 class _Err(enum.IntEnum):  # cuda-python's cudaError_t is an IntEnum
@@ -41,15 +43,15 @@ def _fake_trt(handle=object(), version="10.3.0"):
 
 @pytest.fixture(autouse=True)
 def _fresh_plugin_memo(monkeypatch):
-    monkeypatch.setattr(trt_backend, "_LOADED_PLUGIN_LIBRARIES", {})
+    monkeypatch.setattr(trt_engine, "_LOADED_PLUGIN_LIBRARIES", {})
 
 
 def test_the_plugin_library_loads_once_per_process(tmp_path):
     trt, registry, inits = _fake_trt()
     lib = SimpleNamespace(path=tmp_path / "libveo_edge_plugins.so")
-    trt_backend.load_plugins(trt, None, lib)
+    trt_engine.load_plugins(trt, None, lib)
     # a second activation: loadLibrary would return None (creators already registered), so it is not called
-    trt_backend.load_plugins(trt, None, lib)
+    trt_engine.load_plugins(trt, None, lib)
     assert registry.loaded == [str(lib.path)] and inits == ["", ""]
 
 
@@ -57,13 +59,13 @@ def test_a_refused_plugin_library_is_a_skip_not_a_silent_success(tmp_path):
     trt, _registry, _ = _fake_trt(handle=None)  # load_library returns None on failure, it never raises
     lib = SimpleNamespace(path=tmp_path / "libveo_edge_plugins.so")
     with pytest.raises(BackendUnavailableError, match=r"could not load the plugin library .*refused it"):
-        trt_backend.load_plugins(trt, None, lib)
-    assert str(lib.path) not in trt_backend._LOADED_PLUGIN_LIBRARIES
+        trt_engine.load_plugins(trt, None, lib)
+    assert str(lib.path) not in trt_engine._LOADED_PLUGIN_LIBRARIES
 
 
 def test_no_plugin_library_only_registers_tensorrts_own():
     trt, registry, inits = _fake_trt()
-    trt_backend.load_plugins(trt, None, None)
+    trt_engine.load_plugins(trt, None, None)
     assert registry.loaded == [] and inits == [""]
 
 
@@ -99,7 +101,7 @@ def test_the_timing_cache_is_reused_only_when_tensorrt_accepts_it(tmp_path, on_d
     path = tmp_path / "timing.cache"
     if on_disk is not None:
         path.write_bytes(on_disk)
-    cache = trt_backend._timing_cache(config, path)
+    cache = trt_engine._timing_cache(config, path)
     assert cache is config.attached and cache.blob == expect
 
 
@@ -143,9 +145,9 @@ def test_activation_memory_uses_the_api_of_the_version(version, size, call):
     engine = SimpleNamespace(device_memory_size_v2=222)
     if version.startswith("10.0"):
         engine = SimpleNamespace(device_memory_size=111)  # 10.0 has no _v2
-    assert trt_backend.device_memory_size(trt, engine) == size
+    assert trt_engine.device_memory_size(trt, engine) == size
     ctx = _Context()
-    trt_backend.set_device_memory(trt, ctx, 4096, size)
+    trt_engine.set_device_memory(trt, ctx, 4096, size)
     assert ctx.calls == [call]
 
 
@@ -154,28 +156,61 @@ class _Mode(enum.Enum):
     OUTPUT = 2
 
 
-def _activation_stand_ins(monkeypatch, version="10.3.0", out_dtype="float", context=None, cudart=None):
+class _AllocatorBase:  # tensorrt.IGpuAsyncAllocator: the subclass must call its __init__
+    def __init__(self):
+        self.base_initialised = True
+
+
+class _Runtime:
+    def __init__(self, engine, log):
+        self.engine, self.log, self._allocator = engine, log, None
+
+    @property
+    def gpu_allocator(self):
+        raise AttributeError("write-only, as in the binding")
+
+    @gpu_allocator.setter
+    def gpu_allocator(self, alloc):
+        self.log.append("gpu_allocator")
+        self._allocator = alloc
+
+    def deserialize_cuda_engine(self, blob):
+        # the weights come through the allocator the runtime was given: it must be set by now
+        self.log.append("deserialize")
+        assert self._allocator is not None
+        self.weights = self._allocator.allocate_async(len(blob), 256, 0, 0)
+        return self.engine
+
+
+def _activation_stand_ins(
+    monkeypatch, version="10.3.0", out_dtype="float", context=None, cudart=None, log=None
+):
     """tensorrt and cuda-python stand-ins for TensorRtRunner.activate: an engine with input "x" and output
-    "y" (one FP32 input; ``out_dtype`` for the output), as load_or_build_engine would hand it over."""
-    trt = SimpleNamespace(
-        __version__=version,
-        TensorIOMode=_Mode,
-        DataType=SimpleNamespace(FLOAT="float"),
-        ExecutionContextAllocationStrategy=SimpleNamespace(USER_MANAGED="user"),
-    )
+    "y" (one FP32 input; ``out_dtype`` for the output), as the engine cache would hand it over."""
+    log = log if log is not None else []
     engine = SimpleNamespace(
         num_io_tensors=2,
-        device_memory_size_v2=1 << 16,
         get_tensor_name=lambda i: ["x", "y"][i],
         get_tensor_mode=lambda n: _Mode.INPUT if n == "x" else _Mode.OUTPUT,
         get_tensor_dtype=lambda n: out_dtype if n == "y" else "float",
         create_execution_context=lambda strategy: context,
     )
+    runtimes = []
+    trt = SimpleNamespace(
+        __version__=version,
+        TensorIOMode=_Mode,
+        DataType=SimpleNamespace(FLOAT="float"),
+        ExecutionContextAllocationStrategy=SimpleNamespace(USER_MANAGED="user"),
+        IGpuAsyncAllocator=_AllocatorBase,
+        Runtime=lambda logger: runtimes.append(_Runtime(engine, log)) or runtimes[-1],
+    )
+    blob = trt_engine.EngineBlob(
+        trt, None, "plain", None, SimpleNamespace(engine="e.engine"), "cached", b"w" * 4096, 1 << 16
+    )
     monkeypatch.setattr(trt_backend, "_trt", lambda: trt)
     monkeypatch.setattr(trt_backend, "_cudart", lambda: cudart or SimpleNamespace())
-    monkeypatch.setattr(
-        trt_backend, "load_or_build_engine", lambda *a, **k: (trt, None, engine, None, "cached")
-    )
+    monkeypatch.setattr(trt_backend.TensorRtRunner, "_engine", lambda self, cudart: blob)
+    return runtimes
 
 
 def test_pool_out_of_memory_at_activation_is_a_cuda_oom(monkeypatch, nano_build):
@@ -185,7 +220,7 @@ def test_pool_out_of_memory_at_activation_is_a_cuda_oom(monkeypatch, nano_build)
     def no_memory(*a, **k):
         raise mempool.MemPoolOutOfMemoryError("cudaMalloc of 5 bytes failed: out of memory")
 
-    _activation_stand_ins(monkeypatch)
+    _activation_stand_ins(monkeypatch, cudart=_Cudart())
     monkeypatch.setattr(mempool, "MemPool", no_memory)
     runner = trt_backend.TensorRtRunner(BuildDir.open(nano_build))
     with pytest.raises(CudaOutOfMemoryError, match="reserving the TensorRT memory pool"):
@@ -193,10 +228,67 @@ def test_pool_out_of_memory_at_activation_is_a_cuda_oom(monkeypatch, nano_build)
     assert not runner.is_active
 
 
-def test_an_engine_with_non_fp32_io_is_refused(monkeypatch, nano_build):
+class _Cudart:
+    """cuda-python stand-in: streams, pinned host memory (real host memory, so the runner's numpy views
+    work), copies done at once, and a record of every call."""
+
+    cudaMemcpyKind = SimpleNamespace(cudaMemcpyHostToDevice="h2d", cudaMemcpyDeviceToHost="d2h")
+
+    def __init__(self):
+        self.calls, self.pinned, self.buffers = [], {}, {}
+
+    def cudaSetDevice(self, i):
+        self.calls.append(("set_device", i))
+        return (_Err.cudaSuccess,)
+
+    def cudaStreamCreate(self):
+        self.calls.append(("stream_create",))
+        return (_Err.cudaSuccess, 1234)
+
+    def cudaStreamDestroy(self, stream):
+        self.calls.append(("stream_destroy", stream))
+        return (_Err.cudaSuccess,)
+
+    def cudaStreamSynchronize(self, stream):
+        return (_Err.cudaSuccess,)
+
+    def cudaMallocHost(self, n):
+        import ctypes
+
+        buf = ctypes.create_string_buffer(n)
+        self.buffers[ctypes.addressof(buf)] = buf
+        self.pinned[ctypes.addressof(buf)] = n
+        self.calls.append(("malloc_host", n))
+        return (_Err.cudaSuccess, ctypes.addressof(buf))
+
+    def cudaFreeHost(self, ptr):
+        self.calls.append(("free_host", ptr))
+        return (_Err.cudaSuccess,)
+
+    def cudaMemcpyAsync(self, dst, src, n, kind, stream):
+        self.calls.append(("memcpy", kind, src if kind == "h2d" else dst, n))
+        return (_Err.cudaSuccess,)
+
+
+def _host_pools(monkeypatch, pool_lib):
+    from veo_edge.runtime import mempool
+
+    pools = []
+    real_pool = mempool.MemPool
+
+    def host_pool(backend, capacity):
+        pools.append(real_pool("host", capacity=capacity, library=pool_lib))
+        return pools[-1]
+
+    monkeypatch.setattr(mempool, "MemPool", host_pool)
+    return pools
+
+
+def test_an_engine_with_non_fp32_io_is_refused(monkeypatch, nano_build, pool_lib):
     from veo_edge.builddir import BuildDir
 
-    _activation_stand_ins(monkeypatch, version="11.1.0", out_dtype="half")
+    _host_pools(monkeypatch, pool_lib)
+    _activation_stand_ins(monkeypatch, version="11.1.0", out_dtype="half", cudart=_Cudart())
     with pytest.raises(BackendError, match="one FP32 input and one FP32 output"):
         trt_backend.TensorRtRunner(BuildDir.open(nano_build)).activate()
 
@@ -207,29 +299,131 @@ def test_a_failed_activation_releases_its_stream_and_pool(monkeypatch, nano_buil
     from veo_edge.builddir import BuildDir
     from veo_edge.runtime import mempool
 
-    streams = {"created": 0, "destroyed": 0}
-
-    def create():
-        streams["created"] += 1
-        return (_Err.cudaSuccess, 1234)
-
-    def destroy(stream):
-        streams["destroyed"] += 1
-        return (_Err.cudaSuccess,)
-
-    pools = []
-    real_pool = mempool.MemPool
-
-    def host_pool(backend, capacity):
-        pools.append(real_pool("host", capacity=capacity, library=pool_lib))
-        return pools[-1]
-
-    cudart = SimpleNamespace(cudaStreamCreate=create, cudaStreamDestroy=destroy)
+    cudart = _Cudart()
+    pools = _host_pools(monkeypatch, pool_lib)
     _activation_stand_ins(monkeypatch, context=None, cudart=cudart)
-    monkeypatch.setattr(mempool, "MemPool", host_pool)
     with pytest.raises(BackendError, match="could not create an execution context"):
         trt_backend.TensorRtRunner(BuildDir.open(nano_build)).activate()
-    assert streams == {"created": 1, "destroyed": 1}
+    names = [c[0] for c in cudart.calls]
+    assert names.count("stream_create") == 1 and names.count("stream_destroy") == 1
     assert len(pools) == 1
     with pytest.raises(mempool.MemPoolError, match="this memory pool is closed"):
         pools[0].stats()
+
+
+class _ContextStandIn:
+    def __init__(self):
+        self.calls = []
+
+    def set_device_memory(self, ptr, size):
+        self.calls.append(("device_memory", ptr, size))
+
+    def set_tensor_address(self, name, ptr):
+        self.calls.append(("address", name, ptr))
+        return True
+
+    def set_input_shape(self, name, shape):
+        self.calls.append(("shape", name, shape))
+        return True
+
+    def execute_async_v3(self, stream):
+        self.calls.append(("execute", stream))
+        return True
+
+
+def test_activation_sizes_the_pool_wires_tensorrts_allocator_and_stages_through_pinned_memory(
+    monkeypatch, nano_build, pool_lib
+):
+    from veo_edge.builddir import BuildDir
+    from veo_edge.engine.config import io_bytes, pool_capacity
+
+    build = BuildDir.open(nano_build)
+    cudart, ctx, log = _Cudart(), _ContextStandIn(), []
+    pools = _host_pools(monkeypatch, pool_lib)
+    runtimes = _activation_stand_ins(monkeypatch, context=ctx, cudart=cudart, log=log)
+    runner = trt_backend.TensorRtRunner(build, gpu=1)
+    runner.activate()
+    sample = tuple(build.manifest["input_shape"])
+    out = tuple(build.manifest["outputs"][0]["shape"][1:])
+    io = io_bytes(sample, out, build.max_batch)
+    # 4 x (activations + I/O at max batch) + the engine's weights, which TensorRT allocates through the pool
+    assert pools[0].stats().capacity == pool_capacity(1 << 16, io, 4.0, weights=4096)
+    assert cudart.calls[0] == ("set_device", 1)  # --gpu 1 before anything touches the device
+    assert log == ["gpu_allocator", "deserialize"]
+    assert runtimes[0].weights != 0 and runtimes[0]._allocator.base_initialised
+    stats = runner.pool_stats()
+    assert stats["reservation_factor"] == 4.0 and stats["in_use"] >= 4096 + (1 << 16)
+    x = np.random.default_rng(0).standard_normal((3, *sample)).astype(np.float32)
+    runner._infer({"x": x})
+    pinned = set(cudart.pinned)
+    copies = [c for c in cudart.calls if c[0] == "memcpy"]
+    assert [c[1] for c in copies] == ["h2d", "d2h"]
+    assert all(c[2] in pinned for c in copies)  # both copies touch page-locked staging, never x itself
+    assert copies[0][3] == x.nbytes
+    h_in = runner._state["h_in"][1][: x.size]
+    assert np.array_equal(h_in, x.reshape(-1))
+    runner.deactivate()
+    freed = {c[1] for c in cudart.calls if c[0] == "free_host"}
+    assert freed == pinned
+    assert [c[0] for c in cudart.calls].count("stream_destroy") == 1
+
+
+def test_the_allocator_contract_over_a_real_pool(pool_lib):
+    from veo_edge.runtime.mempool import MemPool
+
+    with MemPool("host", capacity=1 << 16, overflow=False, library=pool_lib) as pool:
+        calls = trt_backend.PoolAllocatorCalls(pool)
+        assert calls.allocate(0, 0, 0) == 0 and pool.stats().alloc_count == 0  # size 0: nullptr
+        assert calls.allocate(100, 512, 0) == 0 and "alignment 512" in calls.failures[-1]
+        assert calls.allocate(100, 48, 0) == 0  # not a power of two
+        p = calls.allocate(100, 256, 0)
+        q = calls.allocate(100, 0, 7)
+        assert p and q and p % 256 == 0
+        assert calls.deallocate(0, 0) is True  # TensorRT may free a nullptr it was given
+        assert calls.deallocate(p, 0) is True  # stream 0: the legacy default stream
+        assert calls.deallocate(p, 0) is False and "not a live slice" in calls.failures[-1]
+        assert calls.allocate(1 << 20, 0, 0) == 0 and "memory pool exhausted" in calls.failures[-1]
+        assert calls.deallocate(q, 7) is True and pool.stats().in_use == 0
+
+
+def test_the_tensorrt_allocator_reads_the_stream_where_the_binding_passes_it():
+    seen = []
+
+    class Calls:
+        def allocate(self, size, alignment, stream):
+            seen.append(("alloc", size, alignment, stream))
+            return 4096
+
+        def deallocate(self, memory, stream):
+            seen.append(("free", memory, stream))
+            return True
+
+    alloc = trt_backend.make_gpu_allocator(SimpleNamespace(IGpuAsyncAllocator=_AllocatorBase), Calls())
+    assert alloc.base_initialised  # pybind11 needs the base __init__
+    # pyCore.cpp (v10.3.0, v11.1): allocHelper(..., size, alignment, cudaStreamPtr, flags)
+    assert alloc.allocate_async(512, 256, 0xABC, 0) == 4096
+    assert alloc.deallocate_async(4096, 0xABC) is True
+    assert alloc.allocate(512, 256, 0) == 4096 and alloc.deallocate(4096) is True  # deprecated: stream 0
+    assert alloc.reallocate(4096, 256, 8192) == 0
+    assert seen == [
+        ("alloc", 512, 256, 0xABC),
+        ("free", 4096, 0xABC),
+        ("alloc", 512, 256, 0),
+        ("free", 4096, 0),
+    ]
+
+
+def test_the_timing_cache_is_written_atomically(tmp_path):
+    path = tmp_path / "timing.cache"
+    path.write_bytes(b"old cache")
+
+    class Broken:
+        def serialize(self):
+            raise RuntimeError("serialisation failed")
+
+    with pytest.raises(RuntimeError):
+        trt_engine.save_timing_cache(Broken(), path)
+    assert path.read_bytes() == b"old cache"  # never torn or emptied
+    trt_engine.save_timing_cache(SimpleNamespace(serialize=lambda: memoryview(b"new cache")), path)
+    assert path.read_bytes() == b"new cache"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["timing.cache"]  # no temporary left behind

@@ -46,6 +46,7 @@ def infer(
     gpu_memory_budget: str = typer.Option(
         None, "--gpu-memory-budget", help="Most GPU memory a GPU backend may need, e.g. 2G or 512MiB."
     ),
+    gpu: int = typer.Option(0, "--gpu", min=0, help="CUDA device index of the GPU backends."),
     top_k: int = typer.Option(5, "--top-k", help="Classes to show per sample."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
@@ -54,7 +55,9 @@ def infer(
 
     from veo_edge.runtime.runtime import Runtime
 
-    rt = Runtime(build_dir, backend=backend, fallback=not no_fallback, gpu_memory_budget=gpu_memory_budget)
+    rt = Runtime(
+        build_dir, backend=backend, fallback=not no_fallback, gpu_memory_budget=gpu_memory_budget, gpu=gpu
+    )
     x = load_input(input_file, batch, seed, rt.input_shape)
     with rt.start():
         start = time.perf_counter()

@@ -17,6 +17,7 @@ def inspect(
 ) -> None:
     """Show a build's manifest summary and its surgery report (what was fused, and why not elsewhere)."""
     from veo_edge.builddir import BuildDir
+    from veo_edge.engine.cache import cache_dir, read_choices
     from veo_edge.surgery.report import SurgeryReport
 
     b = BuildDir.open(build_dir)
@@ -31,6 +32,7 @@ def inspect(
         "precision": m.get("precision"),
         "export": m.get("export"),
         "artifacts": sorted(m.get("artifacts", {})),
+        "engine_choices": read_choices(cache_dir(b.path), m["model"]["name"]),
     }
     if json_out:
         print_json({**summary, "surgery": None if report is None else report.to_dict()})
@@ -45,6 +47,7 @@ def inspect(
         f"exported by {exp.get('exporter')} at opset {exp.get('opset')}"
     )
     c.print(f"  artifacts: {', '.join(summary['artifacts'])}")
+    _print_engine_choices(c, summary["engine_choices"])
     if report is None:
         c.print("  no plugin surgery in this build (built with --no-plugins or by an older veo-edge)")
         return
@@ -57,6 +60,21 @@ def inspect(
     for line in report.lines():
         if not line.startswith(("VeoAttention:", "VeoPatchEmbedLayerNorm:")):
             c.print(f"  {line}", soft_wrap=True, markup=False)
+
+
+def _print_engine_choices(c, choices: list) -> None:
+    """The TensorRT engine decisions recorded by `veo-edge engine build` (one per GPU, TensorRT, precision)."""
+    from veo_edge.engine.selection import Decision
+
+    for rec in choices:
+        key = rec["model_keys"]["plain"]
+        c.print(
+            f"  TensorRT on {key['gpu_name']} (sm {key['compute_capability']}, TensorRT {key['trt_version']}, "
+            f"{key['precision']}, batch 1..{key['max_batch']}):",
+            markup=False,
+        )
+        for line in Decision.from_dict(rec["decision"]).lines():
+            c.print(f"    {line}", markup=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

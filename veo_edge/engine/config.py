@@ -17,8 +17,10 @@ STRONG_TYPING_ONLY = Version("11.0")
 #: ``IExecutionContext.set_device_memory(ptr, size)`` and ``ICudaEngine.device_memory_size_v2`` appeared in
 #: 10.1 (python/src/infer/pyCore.cpp, tags v10.0.1 vs v10.1.0); 11.0 removed 10.0's ``device_memory_size``
 DEVICE_MEMORY_V2 = Version("10.1")
-#: the memory pool region is this many times the context's need (a second context, reallocation slack)
-POOL_FACTOR = 1.25
+#: the design's reservation: the memory pool region is this many times the max-batch activation + I/O need
+#: (a second execution context, TensorRT's own scratch through the pool allocator, fragmentation slack);
+#: ``EngineConfig.pool_factor`` / ``--pool-factor`` changes it, the engine metadata and /metrics record it
+POOL_FACTOR = 4.0
 DEFAULT_WORKSPACE = 1 << 30
 
 
@@ -71,6 +73,8 @@ class EngineConfig:
     opt_batch: int | None = None  # default: max_batch (the batcher fills batches under load)
     precision: str = "fp32"
     workspace_bytes: int = DEFAULT_WORKSPACE
+    pool_factor: float = POOL_FACTOR  # memory pool = pool_factor x (activation + I/O need at max batch)
+    engine: str = "fastest"  # which engine serves: "fastest" | "plugins" | "plain" (engine/selection.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
@@ -87,6 +91,14 @@ class EngineConfig:
             raise UsageError(
                 f"TensorRT workspace of {self.workspace_bytes} bytes is too small; give >= 1 MiB"
             )
+        if not isinstance(self.pool_factor, (int, float)) or not 1.0 <= self.pool_factor <= 64.0:
+            raise UsageError(
+                f"memory pool factor must be a number in 1..64 (times the max-batch activation + I/O need), "
+                f"got {self.pool_factor!r}; the design's default is {POOL_FACTOR:g}"
+            )
+        from veo_edge.engine.selection import check_mode
+
+        check_mode(self.engine)
 
     def profile(
         self, sample_shape: tuple[int, ...]
@@ -107,20 +119,22 @@ def io_bytes(
     return max_batch * (n_in + n_out) * itemsize
 
 
-def pool_capacity(device_memory_size: int, io: int, factor: float = POOL_FACTOR) -> int:
-    """Bytes of the memory pool region: the context's activation memory and its I/O, with slack,
-    rounded up to 1 MiB."""
-    need = int((device_memory_size + io) * factor)
+def pool_capacity(device_memory_size: int, io: int, factor: float = POOL_FACTOR, weights: int = 0) -> int:
+    """Bytes of the memory pool region: ``factor`` x (the context's activation memory + its I/O at max
+    batch), plus ``weights`` (the engine's, which TensorRT allocates through the pool allocator when it
+    deserialises), rounded up to 1 MiB."""
+    need = int((device_memory_size + io) * factor) + weights
     return -(-need // (1 << 20)) * (1 << 20)
 
 
-def engine_gpu_bytes(engine_bytes: int, device_memory_size: int, io: int) -> int:
-    """GPU memory an engine needs to run: its weights (about the serialised size) plus the pool."""
-    return engine_bytes + pool_capacity(device_memory_size, io)
+def engine_gpu_bytes(engine_bytes: int, device_memory_size: int, io: int, factor: float = POOL_FACTOR) -> int:
+    """GPU memory an engine needs to run: the pool, which holds its weights (about the serialised size)
+    and the reservation for activations and I/O."""
+    return pool_capacity(device_memory_size, io, factor, weights=engine_bytes)
 
 
-def estimate_unbuilt_gpu_bytes(onnx_bytes: int, io: int, precision: str) -> int:
+def estimate_unbuilt_gpu_bytes(onnx_bytes: int, io: int, precision: str, factor: float = POOL_FACTOR) -> int:
     """Before any engine exists: weights from the ONNX size (halved for FP16) and activations guessed at
     the weights' size again; enough to turn away a GPU that is clearly too full."""
     weights = onnx_bytes // 2 if precision == "fp16" else onnx_bytes
-    return weights + pool_capacity(weights, io)
+    return pool_capacity(weights, io, factor, weights=weights)

@@ -1,12 +1,18 @@
 """ctypes binding of the veo-edge memory pool (``plugins/mempool``, ``libveo_mempool.so``).
 
 One region reserved up front, 256-byte aligned slices handed out best fit, frees coalesced, an explicit
-counted overflow path when the region is exhausted. The CUDA backend's slices serve as the activation
-memory of TensorRT contexts created with ``ExecutionContextAllocationStrategy.USER_MANAGED``::
+counted overflow path when the region is exhausted (bounded; an overflow region is given back once it is
+free again). The CUDA backend's slices serve as the activation memory of TensorRT contexts created with
+``ExecutionContextAllocationStrategy.USER_MANAGED``, and (through
+:class:`veo_edge.runtime.backends.tensorrt.PoolAllocatorCalls`) as TensorRT's own allocations::
 
-    with MemPool("cuda", capacity=4 * engine.device_memory_size_v2) as pool:
+    with MemPool("cuda", capacity=4 * (engine.device_memory_size_v2 + io_bytes)) as pool:
         mem = pool.alloc(engine.device_memory_size_v2)
         context.set_device_memory(mem, engine.device_memory_size_v2)
+
+Streams: ``alloc``/``free`` take ``stream=None`` as "no stream" (a free is reusable at once);
+``alloc_async``/``free_async`` are always stream-ordered, and their stream ``0`` is the legacy default
+stream, fenced like any other (what TensorRT's allocator interface means by a null stream).
 
 The library is found through ``VEO_EDGE_MEMPOOL_LIB`` or in ``build/plugins`` of the repository
 (``make plugins`` builds it). Nothing is loaded before a pool is created.
@@ -24,7 +30,7 @@ from veo_edge.nativelib import DEFAULT_BUILD_DIR, locate
 
 LIB_NAME = "libveo_mempool.so"
 ENV_VAR = "VEO_EDGE_MEMPOOL_LIB"
-ABI_VERSION = 1
+ABI_VERSION = 2
 ALIGNMENT = 256
 
 _BACKENDS = {"host": 0, "cuda": 1}
@@ -52,6 +58,10 @@ class _Stats(ctypes.Structure):
         ("free_count", ctypes.c_uint64),
         ("overflow_count", ctypes.c_uint64),
         ("region_count", ctypes.c_uint64),
+        ("overflow_bytes", ctypes.c_uint64),  # ABI 2
+        ("overflow_limit", ctypes.c_uint64),
+        ("overflow_released", ctypes.c_uint64),
+        ("fence_waits", ctypes.c_uint64),
     ]
 
 
@@ -66,8 +76,12 @@ class PoolStats:
     fragmentation: float  # 1 - largest_free / total_free; 0.0 when nothing is free
     alloc_count: int
     free_count: int
-    overflow_count: int
-    region_count: int
+    overflow_count: int  # overflow regions ever added
+    region_count: int  # regions held now
+    overflow_bytes: int  # bytes held now in overflow regions
+    overflow_limit: int  # most bytes overflow regions may hold at once
+    overflow_released: int  # overflow regions given back once free again
+    fence_waits: int  # allocations that waited on a pending free instead of growing
 
 
 def find_library(search_dirs: list[Path] | None = None) -> Path:
@@ -104,10 +118,16 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.veo_mempool_alloc.argtypes = [vp, u64, vp, ctypes.POINTER(vp)]
     lib.veo_mempool_free.argtypes = [vp, vp, vp]
     lib.veo_mempool_set_overflow.argtypes = [vp, c_int]
+    lib.veo_mempool_alloc_async.argtypes = [vp, u64, vp, ctypes.POINTER(vp)]
+    lib.veo_mempool_free_async.argtypes = [vp, vp, vp]
+    lib.veo_mempool_set_overflow_limit.argtypes = [vp, u64]
     lib.veo_mempool_get_stats.argtypes = [vp, ctypes.POINTER(_Stats)]
     lib.veo_mempool_check.argtypes = [vp, ctypes.c_char_p, u64]
     lib.veo_mempool_last_error.restype = ctypes.c_char_p
-    for fn in ("create", "destroy", "alloc", "free", "set_overflow", "get_stats", "check"):
+    for fn in (
+        *("create", "destroy", "alloc", "free", "set_overflow", "get_stats", "check"),
+        *("alloc_async", "free_async", "set_overflow_limit"),
+    ):
         getattr(lib, f"veo_mempool_{fn}").restype = c_int
     got = lib.veo_mempool_abi_version()
     if got != ABI_VERSION:
@@ -127,6 +147,7 @@ class MemPool:
         capacity: int = 0,
         *,
         overflow: bool = True,
+        overflow_limit: int | None = None,
         library: Path | None = None,
     ) -> None:
         if backend not in _BACKENDS:
@@ -134,7 +155,7 @@ class MemPool:
         if capacity <= 0:
             raise UsageError(
                 f"memory pool capacity must be > 0 bytes, got {capacity}; size it at 4x the max-batch "
-                "activation need"
+                "activation + I/O need"
             )
         self.backend = backend
         self.library = Path(library) if library is not None else find_library()
@@ -144,6 +165,10 @@ class MemPool:
         self._handle: ctypes.c_void_p | None = handle
         if not overflow:
             self._check(self._lib.veo_mempool_set_overflow(handle, 0))
+        elif overflow_limit is not None:
+            if overflow_limit < 0:
+                raise UsageError(f"overflow limit must be >= 0 bytes, got {overflow_limit}")
+            self._check(self._lib.veo_mempool_set_overflow_limit(handle, overflow_limit))
 
     def _check(self, status: int) -> None:
         if status == _OK:
@@ -173,6 +198,19 @@ class MemPool:
     def free(self, ptr: int, stream: int | None = None) -> None:
         """Return a slice; with ``stream`` it is reused by other streams only once the stream passed here."""
         self._check(self._lib.veo_mempool_free(self._live(), ptr, stream))
+
+    def alloc_async(self, size: int, stream: int) -> int:
+        """As :meth:`alloc`, ordered on ``stream``; ``0`` is the legacy default stream."""
+        if size <= 0:
+            raise MemPoolError(f"cannot allocate {size} bytes from the memory pool; ask for > 0")
+        out = ctypes.c_void_p()
+        self._check(self._lib.veo_mempool_alloc_async(self._live(), size, stream, ctypes.byref(out)))
+        return int(out.value or 0)
+
+    def free_async(self, ptr: int, stream: int) -> None:
+        """Return a slice ordered on ``stream``; ``0`` is the legacy default stream, fenced like any other
+        (reused by other streams only once that stream passed this point)."""
+        self._check(self._lib.veo_mempool_free_async(self._live(), ptr, stream))
 
     def stats(self) -> PoolStats:
         raw = _Stats()

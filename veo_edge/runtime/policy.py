@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from veo_edge.builddir import BuildDir
 from veo_edge.errors import UsageError
+from veo_edge.runtime.backends.base import Verdict
+
+__all__ = ["BACKENDS", "DEFAULT_POLICY", "Verdict", "check_gpu_memory", "make_runner", "probe_candidate"]
 
 BACKENDS = ("tensorrt", "onnxruntime-cuda", "onnxruntime", "openvino")
 DEFAULT_POLICY = ("tensorrt", "onnxruntime-cuda", "openvino")
@@ -64,15 +66,6 @@ def resolve_policy(backend: str, policy: Sequence[str] | None, fallback: bool) -
     return (names, []) if fallback else (names[:1], names[1:])
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """A candidate's probe: usable or not, and why not."""
-
-    ok: bool
-    reason: str | None = None
-    detail: dict[str, Any] | None = None
-
-
 def check_gpu_memory(
     name: str, need: int, free: int, budget: int | None, margin: int = GPU_MEMORY_MARGIN
 ) -> Verdict:
@@ -93,16 +86,23 @@ def check_gpu_memory(
     return Verdict(True, detail={"need": need, "free": free, "budget": budget})
 
 
-def _gpu() -> tuple[Verdict, int]:
+def _gpu(index: int = 0) -> tuple[Verdict, int]:
     from veo_edge.runtime.probes import probe_gpu
 
     p = probe_gpu()
     if not p.ok:
         return Verdict(False, f"no usable NVIDIA GPU: {p.reason}"), 0
-    return Verdict(True), int(p.data["devices"][0]["memory_free"])
+    devices = p.data["devices"]
+    if not 0 <= index < len(devices):
+        return Verdict(
+            False, f"GPU {index} does not exist: this machine has {len(devices)} (0..{len(devices) - 1})"
+        ), 0
+    return Verdict(True), int(devices[index]["memory_free"])
 
 
-def probe_candidate(name: str, build: BuildDir, gpu_memory_budget: int | None = None) -> Verdict:
+def probe_candidate(
+    name: str, build: BuildDir, gpu_memory_budget: int | None = None, gpu: int = 0
+) -> Verdict:
     """Cheap checks that decide whether ``name`` is worth activating on this machine."""
     if name == "openvino":
         from veo_edge.runtime.probes import probe_openvino
@@ -115,9 +115,9 @@ def probe_candidate(name: str, build: BuildDir, gpu_memory_budget: int | None = 
         p = probe_onnxruntime()
         return Verdict(p.ok, p.reason)
     if name == "onnxruntime-cuda":
-        gpu, free = _gpu()
-        if not gpu.ok:
-            return gpu
+        dev, free = _gpu(gpu)
+        if not dev.ok:
+            return dev
         from veo_edge.runtime.probes import probe_onnxruntime
 
         p = probe_onnxruntime()
@@ -132,12 +132,12 @@ def probe_candidate(name: str, build: BuildDir, gpu_memory_budget: int | None = 
         need = int(build.manifest["artifacts"]["onnx"]["bytes"] * ORT_CUDA_MEMORY_FACTOR)
         return check_gpu_memory(name, need, free, gpu_memory_budget)
     if name == "tensorrt":
-        gpu, free = _gpu()
-        if not gpu.ok:
-            return gpu
+        dev, free = _gpu(gpu)
+        if not dev.ok:
+            return dev
         from veo_edge.runtime.backends import tensorrt as trt_backend
 
-        return trt_backend.probe(build, free, gpu_memory_budget, check_gpu_memory)
+        return trt_backend.probe(build, free, gpu_memory_budget, check_gpu_memory, gpu=gpu)
     raise UsageError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
 
 

@@ -110,6 +110,7 @@ class Runtime:
         faults: Mapping[str, Any] | str | None = None,
         threads: int | None = None,
         recover_interval_s: float | None = None,
+        gpu: int = 0,
     ) -> None:
         self.build = build_dir if isinstance(build_dir, BuildDir) else BuildDir.open(build_dir)
         self.backend = backend
@@ -117,6 +118,9 @@ class Runtime:
         self.names, disabled = resolve_policy(backend, policy, fallback)
         self.faults = parse_faults(faults, BACKENDS)
         self.gpu_memory_budget = parse_memory_size(gpu_memory_budget)
+        if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0:
+            raise UsageError(f"gpu must be a device index >= 0, got {gpu!r}")
+        self.gpu = gpu  # the GPU the GPU backends use (TensorRT: cudaSetDevice; the probes: its free memory)
         if max_queue_delay_ms < 0 or max_queue < 1:
             raise UsageError(
                 f"max_queue_delay_ms must be >= 0 and max_queue >= 1, got {max_queue_delay_ms} and {max_queue}"
@@ -258,7 +262,10 @@ class Runtime:
 
     # -- selection and fallback -------------------------------------------------------------------
     def _make(self, name: str) -> Runner:
-        runner = make_runner(name, self.build, threads=self.threads, gpu_memory_budget=self.gpu_memory_budget)
+        gpu_options = {"gpu": self.gpu} if name == "tensorrt" else {}
+        runner = make_runner(
+            name, self.build, threads=self.threads, gpu_memory_budget=self.gpu_memory_budget, **gpu_options
+        )
         spec = spec_for(self.faults, name)
         return FaultyRunner(runner, spec, label=name) if spec is not None else runner
 
@@ -269,7 +276,7 @@ class Runtime:
     def _try(self, index: int) -> Runner | None:
         """Probe and activate candidate ``index``; ``None`` (and a recorded skip) when it cannot run."""
         name = self.names[index]
-        verdict = probe_candidate(name, self.build, self.gpu_memory_budget)
+        verdict = probe_candidate(name, self.build, self.gpu_memory_budget, gpu=self.gpu)
         reason = verdict.reason
         runner = None
         if verdict.ok:

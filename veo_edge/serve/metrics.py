@@ -142,7 +142,17 @@ class ServeCollector:
         ready.add_metric(mv, 1 if self.readiness() else 0)
         yield ready
         pool = s.get("memory_pool") or {}
+        if isinstance(pool.get("reservation_factor"), (int, float)):
+            factor = GaugeMetricFamily(
+                "veo_edge_memory_pool_reservation_factor",
+                "Memory pool reservation, as a multiple of the max-batch activation + I/O need",
+                labels=ml,
+            )
+            factor.add_metric(mv, pool["reservation_factor"])
+            yield factor
         for key, value in sorted(pool.items()):
+            if key == "reservation_factor":
+                continue
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 g = GaugeMetricFamily(f"veo_edge_memory_pool_{key}", f"Memory pool: {key}", labels=ml)
                 g.add_metric(mv, value)

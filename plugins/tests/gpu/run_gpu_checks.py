@@ -1,16 +1,27 @@
 #!/usr/bin/env python3
-"""GPU checks of the veo-edge kernels: correctness against the fp64 numpy reference, and speed vs PyTorch.
+"""The GPU checks of veo-edge in one call: kernels vs PyTorch, compute-sanitizer, the pool, TensorRT.
 
-Needs a CUDA GPU, PyTorch with CUDA, numpy, cmake and nvcc. From the repository root:
+Needs a CUDA GPU, PyTorch with CUDA, numpy, cmake and nvcc; compute-sanitizer and TensorRT where they
+are installed (their sections are skipped, with the reason, where not). From the repository root:
 
-    python plugins/tests/gpu/run_gpu_checks.py            # builds build/plugins-gpu, runs the full sweep
-    python plugins/tests/gpu/run_gpu_checks.py --quick    # a smaller sweep
-    python plugins/tests/gpu/run_gpu_checks.py --lib build/plugins/libveo_kernels.so   # no build
+    python plugins/tests/gpu/run_gpu_checks.py            # build build/plugins-gpu, run every section
+    python plugins/tests/gpu/run_gpu_checks.py --quick    # smaller sweeps
+    python plugins/tests/gpu/run_gpu_checks.py --list     # what would run here, and why not the rest
+    python plugins/tests/gpu/run_gpu_checks.py --sections pool --pool-backend host   # runs on a CPU too
 
-For every case, on fresh seeded random inputs: the outputs are filled with NaN first (every element must
-be written), the kernel's max abs error against ``veo_edge.surgery.reference`` (float64) must be at most
-2x PyTorch's own error in the same precision plus a floor (FlashAttention's criterion), and both are timed
-with CUDA events. Exit status 1 when any case fails.
+Sections (``--sections``, default all):
+
+- ``kernels``: every case on fresh seeded random inputs: outputs filled with NaN first (every element must
+  be written), the kernel's max abs error against ``veo_edge.surgery.reference`` (float64) at most 2x
+  PyTorch's own error (SDPA; conv + LayerNorm) in the same precision plus a floor (FlashAttention's
+  criterion), both timed with CUDA events (median of 20 after warm-up).
+- ``sanitizer``: the kernels on a tiny sweep under ``compute-sanitizer --tool memcheck`` and ``racecheck``.
+- ``pool``: alloc/free storms on two CUDA streams through the pool's C ABI, checked byte for byte, with
+  fragmentation, fence-wait and overflow stats.
+- ``tensorrt``: a vit-nano build, plugin and plain engines built, serialised, deserialised into the pool,
+  compared and timed (the engine choice), batch 1..max, two execution contexts at once, parity.
+
+Exit status 1 when any check fails, 2 when a section that was asked for cannot run here.
 """
 
 # The ours()/theirs() closures are called within the loop iteration that defines them.
@@ -30,6 +41,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # checks_pool, checks_tensorrt
 from veo_edge.surgery import reference  # noqa: E402
 
 FLOOR = {"float32": 1e-5, "float16": 1e-4}  # relative to max |reference|
@@ -104,7 +116,10 @@ def maxerr(got, ref: np.ndarray) -> float:
     return float(np.max(np.abs(got.double().cpu().numpy() - ref)))
 
 
-def attention_cases(quick: bool):
+def attention_cases(quick: bool, tiny: bool = False):
+    if tiny:  # under compute-sanitizer: every code path once, fast
+        yield from ((1, 50, 2, 64), (2, 37, 2, 128))
+        return
     seqs = [50, 197, 785] if quick else [50, 197, 785, 1569, 3137]
     dims = [48, 64, 80] if quick else [32, 48, 64, 80, 96, 128]
     for batch in (1, 8):
@@ -113,10 +128,10 @@ def attention_cases(quick: bool):
                 yield batch, s, 2, d
 
 
-def check_attention(torch, lib, quick: bool, rows: list) -> bool:
+def check_attention(torch, lib, quick: bool, rows: list, tiny: bool = False) -> bool:
     ok = True
     f = torch.nn.functional
-    for batch, s, h, d in attention_cases(quick):
+    for batch, s, h, d in attention_cases(quick, tiny):
         gen = torch.Generator(device="cuda").manual_seed(batch * 100003 + s * 131 + d)
         base = torch.randn(batch, s, 3 * h * d, device="cuda", generator=gen)
         for dtype_name, dtype, code in (("float32", torch.float32, 0), ("float16", torch.float16, 1)):
@@ -166,7 +181,7 @@ def check_attention(torch, lib, quick: bool, rows: list) -> bool:
     return ok
 
 
-def patch_cases(quick: bool):
+def patch_cases(quick: bool, tiny: bool = False):
     # (name, x shape, patch, E, P, pos mode: "all" | "patches" | None, layernorm)
     cases = [
         ("vit-tiny", (3, 224, 224), (16, 16), 192, 1, "all", True),
@@ -178,15 +193,18 @@ def patch_cases(quick: bool):
         ("video-tubelet", (3, 8, 224, 224), (2, 16, 16), 384, 1, "all", True),
         ("video-no-cls", (3, 16, 112, 112), (2, 16, 16), 192, 0, "patches", True),
     ]
-    return cases[:4] + cases[6:7] if quick else cases
+    wide = ("opt-in smem", (3, 64, 64), (16, 16), 1520, 1, "all", True)  # 48 KiB only with its static smem
+    if tiny:
+        return [cases[0], cases[7]]
+    return cases[:4] + cases[6:7] + [wide] if quick else [*cases, wide]
 
 
-def check_patch_embed(torch, lib, quick: bool, rows: list) -> bool:
+def check_patch_embed(torch, lib, quick: bool, rows: list, tiny: bool = False) -> bool:
     ok = True
     f = torch.nn.functional
     eps = 1e-6
-    for name, xshape, patch, e, p, pos_mode, ln in patch_cases(quick):
-        for batch in (1, 8):
+    for name, xshape, patch, e, p, pos_mode, ln in patch_cases(quick, tiny):
+        for batch in (1, 8) if not tiny else (2,):
             gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(f"{name}/{batch}".encode()))
             c = xshape[0]
             grid = [xs // ps for xs, ps in zip(xshape[1:], patch, strict=True)]
@@ -296,29 +314,43 @@ def check_patch_embed(torch, lib, quick: bool, rows: list) -> bool:
     return ok
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lib", type=Path, help="libveo_kernels.so to test (default: build build/plugins-gpu)")
-    ap.add_argument("--quick", action="store_true", help="smaller shape sweep")
-    args = ap.parse_args()
+SECTIONS = ("kernels", "sanitizer", "pool", "tensorrt")
+
+
+def plan(sections: list[str], pool_backend: str) -> list[tuple[str, str | None]]:
+    """(section, why it cannot run here or None) for each section asked for; no GPU is touched."""
+    import importlib.util
+    import shutil
+
+    has = lambda mod: importlib.util.find_spec(mod) is not None  # noqa: E731
+    torch_cuda = None
+    if has("torch"):
+        import torch
+
+        torch_cuda = None if torch.cuda.is_available() else "PyTorch sees no CUDA device"
+    else:
+        torch_cuda = "PyTorch is not installed"
+    why = {
+        "kernels": torch_cuda or (None if shutil.which("nvcc") or shutil.which("cmake") else "no nvcc/cmake"),
+        "sanitizer": torch_cuda
+        or (None if shutil.which("compute-sanitizer") else "compute-sanitizer is not on PATH"),
+        "pool": None if pool_backend == "host" else torch_cuda,
+        "tensorrt": torch_cuda
+        or (None if has("tensorrt") else "the tensorrt Python package is not installed"),
+    }
+    return [(name, why[name]) for name in sections]
+
+
+def run_kernels(args, lib_path: Path) -> bool:
     import torch
 
     # fp32 baselines must be real fp32: TF32 convolutions/matmuls would loosen every fp32 tolerance
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    if not torch.cuda.is_available():
-        print("no CUDA device visible to PyTorch; run this on a GPU machine", file=sys.stderr)
-        return 2
-    t0 = time.time()
-    lib_path = args.lib or build(REPO / "build" / "plugins-gpu")
     lib = load(lib_path)
-    print(
-        f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  lib {lib_path}"
-        f"  (built/loaded in {time.time() - t0:.0f}s)"
-    )
     rows: list = []
-    ok = check_attention(torch, lib, args.quick, rows)
-    ok &= check_patch_embed(torch, lib, args.quick, rows)
+    ok = check_attention(torch, lib, args.quick, rows, args.tiny)
+    ok &= check_patch_embed(torch, lib, args.quick, rows, args.tiny)
     hdr = f"{'op':<10} {'case':<32} {'dtype':<8} {'err':>9} {'err_torch':>9} {'ours ms':>8} {'torch ms':>8} {'x':>5}  ok"
     print(hdr)
     print("-" * len(hdr))
@@ -328,8 +360,96 @@ def main() -> int:
             f"{op:<10} {case:<32} {dt:<8} {err:9.2e} {err_t:9.2e} {ms:8.3f} {ms_t:8.3f} {ms_t / ms:5.2f}  {flag}"
         )
     failed = sum(not r[-1] for r in rows)
-    print(f"{len(rows) - failed}/{len(rows)} cases passed in {time.time() - t0:.0f}s")
-    return 0 if failed == 0 else 1
+    print(f"kernels: {len(rows) - failed}/{len(rows)} cases passed")
+    return failed == 0
+
+
+def run_sanitizer(lib_path: Path) -> bool:
+    """The tiny kernel sweep under memcheck and racecheck; any reported error fails."""
+    ok = True
+    for tool in ("memcheck", "racecheck"):
+        cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "1"]
+        if tool == "racecheck":
+            cmd += ["--racecheck-report", "all"]
+        cmd += [sys.executable, __file__, "--sections", "kernels", "--tiny", "--lib", str(lib_path)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        summary = [
+            line
+            for line in (r.stdout + r.stderr).splitlines()
+            if "ERROR SUMMARY" in line or "RACECHECK SUMMARY" in line
+        ]
+        passed = r.returncode == 0
+        ok &= passed
+        print(
+            f"compute-sanitizer {tool}: {'PASS' if passed else 'FAIL'} ({'; '.join(summary) or 'no summary'})"
+        )
+        if not passed:
+            print((r.stdout + r.stderr)[-4000:])
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lib", type=Path, help="libveo_kernels.so to test (default: build build/plugins-gpu)")
+    ap.add_argument("--quick", action="store_true", help="smaller shape sweeps")
+    ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the sanitizer's sweep
+    ap.add_argument(
+        "--sections", default=",".join(SECTIONS), help=f"comma-separated, of: {', '.join(SECTIONS)}"
+    )
+    ap.add_argument(
+        "--pool-backend", choices=("cuda", "host"), default="cuda", help="where the pool storm runs"
+    )
+    ap.add_argument("--mempool-lib", type=Path, help="libveo_mempool.so (default: the built one)")
+    ap.add_argument("--list", action="store_true", help="print what would run here, and why not the rest")
+    args = ap.parse_args(argv)
+    sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        ap.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    todo = plan(sections, args.pool_backend)
+    if args.list:
+        for name, why in todo:
+            print(f"{name:<10} {'runs' if why is None else 'skipped: ' + why}")
+        return 0
+    t0 = time.time()
+    ok, skipped = True, []
+    lib_path = None
+    for name, why in todo:
+        if why is not None:
+            print(f"== {name}: SKIPPED ({why})")
+            skipped.append(name)
+            continue
+        print(f"== {name}")
+        if name in ("kernels", "sanitizer") and lib_path is None:
+            lib_path = args.lib or build(REPO / "build" / "plugins-gpu")
+        if name == "kernels":
+            import torch
+
+            print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  lib {lib_path}")
+            ok &= run_kernels(args, lib_path)
+        elif name == "sanitizer":
+            ok &= run_sanitizer(lib_path)
+        elif name == "pool":
+            import checks_pool
+
+            torch = None
+            if args.pool_backend == "cuda":
+                import torch
+            passed, line = checks_pool.run(args.pool_backend, args.mempool_lib, torch)
+            print(line, "PASS" if passed else "FAIL")
+            ok &= passed
+        elif name == "tensorrt":
+            import checks_tensorrt
+
+            passed, lines = checks_tensorrt.run(reps=10 if args.quick else 20)
+            print("\n".join(lines))
+            print(f"tensorrt: {'PASS' if passed else 'FAIL'}")
+            ok &= passed
+    print(f"done in {time.time() - t0:.0f}s: {'all passed' if ok else 'FAILURES'}"
+          + (f"; skipped: {', '.join(skipped)}" if skipped else ""))  # fmt: skip
+    if not ok:
+        return 1
+    return 2 if skipped and args.sections != ",".join(SECTIONS) else 0
 
 
 if __name__ == "__main__":

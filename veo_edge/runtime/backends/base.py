@@ -18,6 +18,16 @@ from veo_edge.errors import InputError, VeoEdgeError
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """A candidate's probe: usable or not, and why not. Lives here, below both the backends that probe
+    and the policy that reads the verdicts, so no backend imports the policy."""
+
+    ok: bool
+    reason: str | None = None
+    detail: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class TensorMeta:
     """Name, shape (``None`` for a dynamic axis) and numpy dtype name of one model input or output."""
 

@@ -1,21 +1,23 @@
 """TensorRT backend: the primary GPU path.
 
-Activation, in order: load the veo-edge plugin library into TensorRT's registry (before any parse or
-deserialise: the usual cause of "could not find plugin creator" on Jetson), take the engine from the
-cache when its key matches (see :mod:`veo_edge.engine.cache`) or build it from the build's
-``plugins_onnx`` artifact (the plain ``onnx`` when the build has none) with an optimization profile over
-batch 1..max and an on-disk timing cache, deserialise it, and create a ``USER_MANAGED`` execution context
-whose activation memory and I/O buffers are slices of one veo-edge memory pool region.
+Activation, in order: pick the GPU (``gpu=N``, default 0), decide which engine serves (``engine=``:
+``fastest`` reads the decision recorded by ``veo-edge engine build``, and makes it when there is none;
+see :mod:`veo_edge.engine.selection`), take that engine from the cache or build it
+(:mod:`veo_edge.runtime.backends.tensorrt_engine`), reserve one veo-edge memory pool region of
+``pool_factor`` (4) x the max-batch activation + I/O need plus the engine's weights, give TensorRT's
+runtime an ``IGpuAsyncAllocator`` over that pool (:class:`PoolAllocatorCalls`), deserialise the engine
+(its weights land in the pool), and create a ``USER_MANAGED`` execution context whose activation memory
+and I/O buffers are slices of the same pool. Host staging buffers are pinned (``cudaMallocHost``).
 
-FP16 follows the TensorRT version (:func:`veo_edge.engine.config.precision_plan`): 10.x sets the FP16
-builder flag; 11.x, which removed it, parses an FP16 ONNX made at build time into a strongly typed
-network. Everything decided without TensorRT lives in :mod:`veo_edge.engine`; this module only executes
-it, and is the only one that imports ``tensorrt`` (lazily).
+What stays outside the pool: the builder's allocations (``veo-edge engine build`` is a one-off whose tactic
+scratch is freed when it ends, and sized by the workspace limit rather than by serving), the CUDA
+context itself, cuBLAS/cuDNN handles TensorRT's tactics create, and the pinned host buffers.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -25,16 +27,23 @@ from typing import Any
 
 import numpy as np
 
-from veo_edge.builddir import BuildDir, sha256_file
-from veo_edge.engine.cache import CacheEntry, EngineKey, cache_dir, timing_cache_path
+from veo_edge.builddir import BuildDir
+from veo_edge.engine.cache import CacheEntry, ChoiceRecord, cache_dir
 from veo_edge.engine.config import (
     EngineConfig,
     engine_gpu_bytes,
     estimate_unbuilt_gpu_bytes,
     io_bytes,
     pool_capacity,
-    precision_plan,
-    uses_device_memory_v2,
+)
+from veo_edge.engine.selection import (
+    TIMED_RUNS,
+    WARMUP_RUNS,
+    Decision,
+    Measurement,
+    decide,
+    median_ms,
+    variants_to_build,
 )
 from veo_edge.errors import (
     BackendError,
@@ -43,7 +52,31 @@ from veo_edge.errors import (
     DeviceLostError,
     ModelLoadError,
 )
-from veo_edge.runtime.backends.base import Runner, TensorMeta
+from veo_edge.runtime.backends.base import Runner, TensorMeta, Verdict
+from veo_edge.runtime.backends.tensorrt_engine import (
+    EngineBlob,
+    _trt,
+    build_io_bytes,
+    default_config,
+    engine_key,
+    ensure_engine,
+    gpu_identity,
+    import_error_message,
+    model_source,
+    plugin_engine_possible,
+    required_plugin_library,
+    set_device_memory,
+)
+
+__all__ = [
+    "PoolAllocatorCalls",
+    "TensorRtRunner",
+    "choose_variant",
+    "default_config",
+    "model_source",
+    "probe",
+    "select_engine",
+]
 
 log = logging.getLogger("veo_edge.runtime.tensorrt")
 
@@ -53,82 +86,8 @@ _CUDA_OOM = 2  # cudaErrorMemoryAllocation
 #: the context unusable (assert, hardware stack, illegal instruction, misaligned address, invalid address
 #: space, invalid PC, launch failure), unknown
 _CUDA_DEVICE_LOST = {46, 214, 700, 702, 710, 714, 715, 716, 717, 718, 719, 999}
-#: plugin libraries TensorRT's registry has loaded in this process, by path: IPluginRegistry::loadLibrary
-#: returns None (never raises) when it fails, including when the library's creators are already registered,
-#: so a second activation in the same process must not load it again (NvInferRuntimeCommon.h, v10.3.0/v11.1)
-_LOADED_PLUGIN_LIBRARIES: dict[str, Any] = {}
-
-
-# -- plain decisions (no TensorRT) ----------------------------------------------------------------
-def model_source(build: BuildDir) -> tuple[Path, str | None]:
-    """The ONNX to build from, and a note when it is not the plugin-fused one."""
-    if build.has("plugins_onnx"):
-        return build.artifact("plugins_onnx"), None
-    return build.artifact("onnx"), (
-        "the build has no plugins_onnx artifact; TensorRT builds the plain ONNX without veo-edge's fused "
-        "plugins (rebuild with plugins for the faster engine)"
-    )
-
-
-def import_error_message(e: BaseException) -> str:
-    return (
-        f"TensorRT is not importable ({type(e).__name__}: {e}); run this on a GPU host with TensorRT 10.x/11.x "
-        "(pip install tensorrt, or use the veo-edge GPU container), or serve on the CPU: "
-        "veo-edge infer BUILD_DIR --backend openvino"
-    )
-
-
-def required_plugin_library(build: BuildDir) -> Any:
-    """The plugin library, or ``None`` when the engine source needs none; raises when it needs one and
-    there is none."""
-    from veo_edge.engine.plugin_library import find_plugin_library
-
-    lib = find_plugin_library()
-    if lib is None and build.has("plugins_onnx"):
-        raise BackendUnavailableError(
-            "the build's plugins_onnx needs libveo_edge_plugins.so, which is not built; run `make plugins` "
-            "on this host or set VEO_EDGE_PLUGIN_LIB"
-        )
-    return lib
-
-
-def gpu_identity() -> tuple[str, str]:
-    from veo_edge.runtime.probes import probe_gpu
-
-    p = probe_gpu()
-    if not p.ok:
-        raise BackendUnavailableError(f"no usable NVIDIA GPU: {p.reason}")
-    dev = p.data["devices"][0]
-    return dev["name"], dev["compute_capability"]
-
-
-def engine_key(
-    build: BuildDir, config: EngineConfig, trt_version: str, gpu: tuple[str, str], plugin: Any
-) -> EngineKey:
-    src, _ = model_source(build)
-    kind = "plugins_onnx" if build.has("plugins_onnx") else "onnx"
-    sha = build.manifest["artifacts"][kind].get("sha256") or sha256_file(src)
-    return EngineKey(
-        gpu_name=gpu[0],
-        compute_capability=gpu[1],
-        trt_version=trt_version,
-        plugin_sha256=plugin.sha256 if plugin is not None else None,
-        model_sha256=sha,
-        precision=config.precision,
-        max_batch=config.max_batch,
-        opt_batch=config.opt_batch or config.max_batch,
-    )
-
-
-def default_config(build: BuildDir, precision: str | None = None) -> EngineConfig:
-    return EngineConfig(
-        max_batch=build.max_batch, precision=precision or build.manifest.get("precision", "fp32")
-    )
-
-
-def _io(build: BuildDir) -> int:
-    out = tuple(d for d in build.manifest["outputs"][0]["shape"][1:])
-    return io_bytes(tuple(build.manifest["input_shape"]), out, build.max_batch)
+#: the pool's slices are 256-byte aligned (plugins/mempool)
+_POOL_ALIGNMENT = 256
 
 
 def probe(
@@ -137,17 +96,20 @@ def probe(
     budget: int | None,
     check: Callable[[str, int, int, int | None], Any],
     precision: str | None = None,
-) -> Any:
+    gpu: int = 0,
+) -> Verdict:
     """Usable here? Library importable, plugin library loadable, memory within budget and free."""
-    from veo_edge.runtime.policy import Verdict
     from veo_edge.runtime.probes import probe_tensorrt
 
     p = probe_tensorrt()
     if not p.ok:
         return Verdict(False, import_error_message(ImportError(p.reason)))
+    lib = None
+    config = default_config(build, precision)
+    variant = "plugins" if plugin_engine_possible(build, config.engine) else "plain"
     try:
         _cudart()
-        lib = required_plugin_library(build)
+        lib = required_plugin_library(build, variant)
         if lib is not None:
             ctypes.CDLL(str(lib.path))
     except BackendUnavailableError as e:
@@ -156,51 +118,20 @@ def probe(
         return Verdict(
             False, f"the plugin library {lib.path} does not load ({e}); rebuild it with `make plugins`"
         )
-    config = default_config(build, precision)
     need = None
     try:
-        key = engine_key(build, config, p.data["version"], gpu_identity(), lib)
+        key = engine_key(build, config, p.data["version"], gpu_identity(gpu), lib, variant)
         entry = CacheEntry.for_key(cache_dir(build.path), build.model_name, key)
         if entry.check(key) is None:
             meta = entry.read_meta()
-            need = engine_gpu_bytes(meta["bytes"], meta.get("device_memory_size", meta["bytes"]), _io(build))
+            act = meta.get("device_memory_size", meta["bytes"])
+            need = engine_gpu_bytes(meta["bytes"], act, build_io_bytes(build), config.pool_factor)
     except (BackendUnavailableError, OSError, ValueError, KeyError):
         need = None
     if need is None:
-        src, _ = model_source(build)
-        need = estimate_unbuilt_gpu_bytes(src.stat().st_size, _io(build), config.precision)
+        src, _ = model_source(build, variant)
+        need = estimate_unbuilt_gpu_bytes(src.stat().st_size, build_io_bytes(build), config.precision)
     return check("tensorrt", need, free, budget)
-
-
-def make_fp16_onnx(src: Path, dst: Path) -> Path:
-    """An FP16 copy of ``src`` with FP32 inputs/outputs, for TensorRT 11's strongly typed networks."""
-    import onnx
-
-    try:
-        from modelopt.onnx.autocast import convert_to_mixed_precision
-
-        model = convert_to_mixed_precision(onnx_path=str(src), low_precision_type="fp16", keep_io_types=True)
-    except ImportError:
-        try:
-            from onnxconverter_common import float16
-        except ImportError as e:
-            raise BackendUnavailableError(
-                "TensorRT 11 builds FP16 from an FP16 ONNX, and neither nvidia-modelopt nor "
-                "onnxconverter-common is installed to make one; pip install 'nvidia-modelopt[onnx]', "
-                "or build the engine with --precision fp32"
-            ) from e
-        model = float16.convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
-    onnx.save(model, str(dst))
-    return dst
-
-
-# -- the thin TensorRT layer ----------------------------------------------------------------------
-def _trt() -> Any:
-    try:
-        import tensorrt as trt
-    except Exception as e:  # ImportError, or a broken install (libnvinfer missing)
-        raise BackendUnavailableError(import_error_message(e)) from e
-    return trt
 
 
 def _cudart() -> Any:
@@ -231,213 +162,307 @@ def _cuda_check(result: Any, what: str) -> Any:
     return rest[0] if len(rest) == 1 else rest
 
 
-def load_plugins(trt: Any, logger: Any, plugin: Any) -> None:
-    """Register TensorRT's own plugins and, once per process, veo-edge's library (its ``getCreators``)."""
-    trt.init_libnvinfer_plugins(logger, "")
-    if plugin is None or str(plugin.path) in _LOADED_PLUGIN_LIBRARIES:
-        return
-    try:
-        handle = trt.get_plugin_registry().load_library(str(plugin.path))
-        error = None if handle is not None else "the registry refused it (see the TensorRT log)"
-    except Exception as e:  # loadLibrary is noexcept; a binding-level failure still lands here
-        handle, error = None, f"{type(e).__name__}: {e}"
-    if handle is None:
-        raise BackendUnavailableError(
-            f"TensorRT could not load the plugin library {plugin.path}: {error}; rebuild it with `make plugins` "
-            "against this TensorRT"
+# -- TensorRT's allocator over the pool -----------------------------------------------------------
+class PoolAllocatorCalls:
+    """``IGpuAsyncAllocator``'s contract (NvInferRuntime.h, 10.3 and 11.x) over a veo-edge :class:`MemPool`,
+    TensorRT-free so that it is tested on the CPU: a size-0 request gets 0 (nullptr); an alignment above
+    256 or not a power of two gets 0; a null stream (0) is the legacy default stream and is fenced like any
+    other; freeing 0 succeeds; nothing raises (TensorRT calls these from its own threads, noexcept)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.failures: list[str] = []  # the last few reasons a call returned 0 / False, for diagnostics
+
+    def _failed(self, what: str) -> None:
+        log.error("TensorRT allocator: %s", what)
+        self.failures = [*self.failures[-9:], what]
+
+    def allocate(self, size: int, alignment: int, stream: int) -> int:
+        if size == 0:
+            return 0
+        if alignment > _POOL_ALIGNMENT or alignment & (alignment - 1):
+            self._failed(f"alignment {alignment} requested; the pool serves 0 or powers of two up to 256")
+            return 0
+        try:
+            return self.pool.alloc_async(int(size), int(stream or 0))
+        except Exception as e:  # must not raise into TensorRT: nullptr says it
+            self._failed(f"allocating {size} bytes failed: {e}")
+            return 0
+
+    def deallocate(self, memory: int, stream: int) -> bool:
+        if not memory:
+            return True
+        try:
+            self.pool.free_async(int(memory), int(stream or 0))
+            return True
+        except Exception as e:  # must not raise into TensorRT: False says it
+            self._failed(f"freeing {memory:#x} failed: {e}")
+            return False
+
+
+def make_gpu_allocator(trt: Any, calls: PoolAllocatorCalls) -> Any:
+    """A ``trt.IGpuAsyncAllocator`` forwarding to ``calls``. The binding (python/src/infer/pyCore.cpp,
+    v10.3.0 and v11.1) calls ``allocate_async(size, alignment, stream, flags)`` with the stream third,
+    whatever its docstring says; flags (reserved, 0) are ignored, and every method is overridden as the
+    binding requires."""
+
+    class PoolGpuAllocator(trt.IGpuAsyncAllocator):
+        def __init__(self) -> None:
+            trt.IGpuAsyncAllocator.__init__(self)
+
+        def allocate_async(self, size: int, alignment: int, stream: int, flags: int) -> int:
+            return calls.allocate(size, alignment, stream)
+
+        def deallocate_async(self, memory: int, stream: int) -> bool:
+            return calls.deallocate(memory, stream)
+
+        def allocate(self, size: int, alignment: int, flags: int) -> int:  # deprecated: the default stream
+            return calls.allocate(size, alignment, 0)
+
+        def deallocate(self, memory: int) -> bool:
+            return calls.deallocate(memory, 0)
+
+        def reallocate(self, address: int, alignment: int, new_size: int) -> int:
+            return 0  # not supported: TensorRT allocates anew
+
+    return PoolGpuAllocator()
+
+
+# -- which engine ---------------------------------------------------------------------------------
+def _keys(build: BuildDir, config: EngineConfig, trt_version: str, gpu: int) -> tuple[Any, Any]:
+    plain = engine_key(build, config, trt_version, gpu_identity(gpu), None, "plain")
+    plugins = None
+    if plugin_engine_possible(build, config.engine):
+        plugins = engine_key(
+            build, config, trt_version, gpu_identity(gpu), required_plugin_library(build), "plugins"
         )
-    _LOADED_PLUGIN_LIBRARIES[str(plugin.path)] = handle
+    return plain, plugins
 
 
-def _timing_cache(cfg: Any, path: Path) -> Any:
-    """The on-disk timing cache attached to ``cfg``; a fresh one when it is corrupt or from another device
-    (``set_timing_cache`` returns False on a device-property mismatch, NvInfer.h v10.3.0/v11.1)."""
-    if path.is_file():
-        cache = cfg.create_timing_cache(path.read_bytes())
-        if cache is not None and cfg.set_timing_cache(cache, ignore_mismatch=False):
-            return cache
-        log.warning(
-            "timing cache %s is unusable here (corrupt or from another device); starting a new one", path
-        )
-    cache = cfg.create_timing_cache(b"")
-    if cache is None or not cfg.set_timing_cache(cache, ignore_mismatch=False):
-        raise BackendError("TensorRT could not create an empty timing cache; run with --debug for its log")
-    return cache
+def choose_variant(
+    build: BuildDir, config: EngineConfig, cache: Path, trt_version: str, gpu: int
+) -> str | None:
+    """The variant to serve without measuring: forced, the only one, or the recorded decision; ``None``
+    when ``fastest`` has to measure first."""
+    variants = variants_to_build(config.engine, plugin_engine_possible(build, config.engine))
+    if len(variants) == 1:
+        return variants[0]
+    plain, plugins = _keys(build, config, trt_version, gpu)
+    decision = ChoiceRecord.for_keys(cache, build.model_name, plain, plugins).read(plain, plugins)
+    return decision.chosen if decision is not None else None
 
 
-def build_engine(
-    trt: Any, logger: Any, build: BuildDir, config: EngineConfig, key: EngineKey, cache: Path
-) -> bytes:
-    """Parse, configure and build a serialised engine; the timing cache is read and written back."""
-    plan = precision_plan(trt.__version__, config.precision)
-    src, note = model_source(build)
-    if note:
-        log.warning(note)
-    if plan.fp16_onnx:
-        src = make_fp16_onnx(src, cache / f"{src.stem}.fp16.onnx")
-    builder = trt.Builder(logger)
-    # no creation flags: 10.x networks are explicit-batch without EXPLICIT_BATCH (deprecated in 10.0, gone in
-    # 11.0) and weakly typed; 11.x networks are always strongly typed (STRONGLY_TYPED is deprecated, ignored)
-    network = builder.create_network(0)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(src)):
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise ModelLoadError(f"TensorRT could not parse {src}: {errors}")
-    cfg = builder.create_builder_config()
-    cfg.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, config.workspace_bytes)
-    if plan.fp16_flag:
-        cfg.set_flag(trt.BuilderFlag.FP16)
-    profile = builder.create_optimization_profile()
-    sample = tuple(build.manifest["input_shape"])
-    lo, opt, hi = config.profile(sample)
-    profile.set_shape(network.get_input(0).name, lo, opt, hi)
-    cfg.add_optimization_profile(profile)
-    tc_path = timing_cache_path(cache, key)
-    timing = _timing_cache(cfg, tc_path)
-    serialized = builder.build_serialized_network(network, cfg)
-    if serialized is None:
-        raise BackendError(f"TensorRT failed to build an engine from {src}; run with --debug for its log")
-    cache.mkdir(parents=True, exist_ok=True)
-    tc_path.write_bytes(bytes(timing.serialize()))  # the attached cache, updated in place by the build
-    return bytes(serialized)
+def _reference(build: BuildDir, batches: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Seeded inputs and ONNX Runtime's float32 outputs of the plain ONNX on the CPU, per batch size."""
+    import onnxruntime as ort
+
+    from veo_edge.export.parity import seeded_inputs
+
+    sess = ort.InferenceSession(str(build.artifact("onnx")), providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    out = {}
+    for b in batches:
+        x = seeded_inputs(tuple(build.manifest["input_shape"]), b, 0)
+        out[b] = (x, sess.run(None, {name: x})[0])
+    return out
 
 
-def device_memory_size(trt: Any, engine: Any) -> int:
-    """Activation bytes a USER_MANAGED context needs (over all profiles)."""
-    if uses_device_memory_v2(trt.__version__):
-        return int(engine.device_memory_size_v2)
-    return int(engine.device_memory_size)  # 10.0
-
-
-def set_device_memory(trt: Any, context: Any, ptr: int, size: int) -> None:
-    if uses_device_memory_v2(trt.__version__):
-        context.set_device_memory(ptr, size)
-    else:  # 10.0 has only the size-less setter
-        context.device_memory = ptr
-
-
-def load_or_build_engine(
-    build: BuildDir, config: EngineConfig | None = None, force: bool = False, cache: Path | None = None
-) -> tuple[Any, Any, Any, CacheEntry, str]:
-    """(trt module, logger, engine, cache entry, "cached" | "built: <why>"). Plugins load first."""
-    trt = _trt()
-    config = config or default_config(build)
-    logger = trt.Logger(trt.Logger.WARNING)
-    plugin = required_plugin_library(build)
-    load_plugins(trt, logger, plugin)
-    key = engine_key(build, config, trt.__version__, gpu_identity(), plugin)
+def select_engine(
+    build: BuildDir,
+    config: EngineConfig,
+    *,
+    force: bool = False,
+    cache: Path | None = None,
+    gpu: int = 0,
+    warmup: int = WARMUP_RUNS,
+    reps: int = TIMED_RUNS,
+    progress: Callable[[str], None] = log.info,
+) -> tuple[Decision, dict[str, EngineBlob]]:
+    """Build the engines ``config.engine`` needs; for ``fastest`` with both, run both on the same seeded
+    inputs, compare them with the ONNX Runtime reference, time them at batch 1 and max batch, decide and
+    record the decision next to the engines. Returns the decision and the engines."""
     cache = cache or cache_dir(build.path)
-    entry = CacheEntry.for_key(cache, build.model_name, key)
-    runtime = trt.Runtime(logger)
-    why = "--force" if force else entry.check(key)
-    if why is None:
-        engine = runtime.deserialize_cuda_engine(entry.engine.read_bytes())
-        if engine is not None:
-            return trt, logger, engine, entry, "cached"
-        why = f"cached engine {entry.engine} did not deserialise"
-    log.warning("building the TensorRT engine (%s)", why)
-    blob = build_engine(trt, logger, build, config, key, cache)
-    engine = runtime.deserialize_cuda_engine(blob)
-    if engine is None:
-        raise BackendError("TensorRT could not deserialise the engine it just built")
-    entry.write(key, blob, device_memory_size=device_memory_size(trt, engine))
-    return trt, logger, engine, entry, f"built: {why}"
+    variants = variants_to_build(config.engine, plugin_engine_possible(build, config.engine))
+    blobs = {}
+    failed = None
+    for v in variants:
+        progress(f"engine {v}: building or loading from the cache")
+        try:
+            blobs[v] = ensure_engine(build, config, v, force=force, cache=cache, gpu=gpu)
+        except (BackendError, ModelLoadError) as e:
+            if v != "plugins" or len(variants) == 1:
+                raise
+            failed = f"the plugin engine could not be built ({e}): TensorRT's own engine serves"
+            log.warning(failed)
+    if failed is not None:
+        return Decision(config.engine, "plain", failed), blobs  # not recorded: retried on the next build
+    if len(variants) == 1:
+        chosen = variants[0]
+        why = f"--engine {config.engine} was asked for" if config.engine != "fastest" else "the only engine"
+        return Decision(config.engine, chosen, why), blobs
+    batches = sorted({1, config.max_batch})
+    ref = _reference(build, batches)
+    measured = []
+    for v in variants:
+        progress(
+            f"engine {v}: checking outputs and timing batches {batches} ({warmup} warm-up, median of {reps})"
+        )
+        runner = TensorRtRunner(build, dataclasses.replace(config, engine=v), cache=cache, gpu=gpu)
+        with runner:
+            err = max(
+                float(np.max(np.abs(runner.infer(x)[runner.output_metadata()[0].name] - y)))
+                for x, y in ref.values()
+            )
+            times = {}
+            for b in batches:
+                runner.infer(ref[b][0])  # the batch's shape and data in place
+                times[b] = median_ms(lambda b=b, r=runner: r.time_once(b), warmup, reps)
+        scale = max(float(np.max(np.abs(y))) for _, y in ref.values())
+        measured.append(Measurement(v, times, err, scale))
+    decision = decide("fastest", measured, config.precision)
+    record = ChoiceRecord.for_keys(cache, build.model_name, blobs["plain"].key, blobs["plugins"].key)
+    record.write(
+        blobs["plain"].key, blobs["plugins"].key, decision, batches=batches, warmup=warmup, reps=reps
+    )
+    for line in decision.lines():
+        progress(line)
+    return decision, blobs
 
 
+# -- the runner -----------------------------------------------------------------------------------
 class TensorRtRunner(Runner):
     name = "tensorrt"
 
     def __init__(
-        self, build: BuildDir, config: EngineConfig | None = None, cache: Path | None = None
+        self, build: BuildDir, config: EngineConfig | None = None, cache: Path | None = None, gpu: int = 0
     ) -> None:
         super().__init__(build.max_batch)
+        if not isinstance(gpu, int) or gpu < 0:
+            raise BackendError(f"gpu must be a device index >= 0, got {gpu!r}")
         self.build = build
         self.config = config or default_config(build)
         self.cache = cache
+        self.gpu = gpu
         self.origin: str | None = None
+        self.variant: str | None = None
         self._state: dict[str, Any] = {}
 
     @classmethod
     def for_build(cls, build: BuildDir, **options: Any) -> TensorRtRunner:
         options.pop("gpu_memory_budget", None)  # enforced by the policy's probe
-        return cls(build, **options)
+        config_kw = {k: options.pop(k) for k in ("engine", "pool_factor", "precision") if k in options}
+        config = options.pop("config", None) or default_config(build, **config_kw)
+        return cls(build, config, **options)
+
+    def _engine(self, cudart: Any) -> EngineBlob:
+        trt = _trt()
+        cache = self.cache or cache_dir(self.build.path)
+        variant = choose_variant(self.build, self.config, cache, trt.__version__, self.gpu)
+        if variant is None:
+            log.warning("no recorded engine choice for this GPU: building and timing both engines once")
+            decision, blobs = select_engine(self.build, self.config, cache=cache, gpu=self.gpu)
+            return blobs[decision.chosen]
+        config = dataclasses.replace(self.config, engine=variant)
+        return ensure_engine(self.build, config, variant, cache=cache, gpu=self.gpu)
 
     def _activate(self) -> None:
         from veo_edge.runtime.mempool import MemPool, MemPoolError, MemPoolOutOfMemoryError
 
         _trt()  # the library first: its absence is the reason a user most needs to read
         cudart = _cudart()
-        trt, _logger, engine, _entry, self.origin = load_or_build_engine(
-            self.build, self.config, cache=self.cache
-        )
-        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-        inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        outputs = [n for n in names if n not in inputs]
-        dtypes = {n: engine.get_tensor_dtype(n) for n in names}
-        if len(inputs) != 1 or len(outputs) != 1 or any(d != trt.DataType.FLOAT for d in dtypes.values()):
-            raise BackendError(
-                f"the engine's I/O is {dtypes}; veo-edge runs one FP32 input and one FP32 output (rebuild the engine)"
-            )
+        _cuda_check(cudart.cudaSetDevice(self.gpu), f"selecting GPU {self.gpu}")  # before anything else
+        blob = self._engine(cudart)
+        trt = blob.trt
         sample = tuple(self.build.manifest["input_shape"])
         out_shape = tuple(self.build.manifest["outputs"][0]["shape"][1:])
-        act = device_memory_size(trt, engine)
+        act = blob.device_memory_size
         io = io_bytes(sample, out_shape, self.max_batch)
+        capacity = pool_capacity(act, io, self.config.pool_factor, weights=len(blob.blob))
         try:
-            pool = MemPool("cuda", capacity=pool_capacity(act, io))
+            pool = MemPool("cuda", capacity=capacity)
         except MemPoolOutOfMemoryError as e:
             raise CudaOutOfMemoryError(f"CUDA out of memory reserving the TensorRT memory pool: {e}") from e
-        stream = None
+        st: dict[str, Any] = dict(cudart=cudart, pool=pool, host=[])
         try:
-            stream = _cuda_check(cudart.cudaStreamCreate(), "stream creation")
-            context = engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
+            st["stream"] = _cuda_check(cudart.cudaStreamCreate(), "stream creation")
+            calls = PoolAllocatorCalls(pool)
+            st["allocator"] = make_gpu_allocator(trt, calls)
+            runtime = st["runtime"] = trt.Runtime(blob.logger)
+            runtime.gpu_allocator = st["allocator"]  # engine weights and TensorRT's scratch: from the pool
+            engine = st["engine"] = runtime.deserialize_cuda_engine(blob.blob)
+            if engine is None:
+                raise BackendError(
+                    f"TensorRT could not deserialise {blob.entry.engine}; rebuild it with --force"
+                )
+            names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+            inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+            outputs = [n for n in names if n not in inputs]
+            dtypes = {n: engine.get_tensor_dtype(n) for n in names}
+            if len(inputs) != 1 or len(outputs) != 1 or any(d != trt.DataType.FLOAT for d in dtypes.values()):
+                raise BackendError(
+                    f"the engine's I/O is {dtypes}; veo-edge runs one FP32 input and one FP32 output (rebuild the engine)"
+                )
+            context = st["context"] = engine.create_execution_context(
+                trt.ExecutionContextAllocationStrategy.USER_MANAGED
+            )
             if context is None:
                 raise BackendError("TensorRT could not create an execution context; see its log (--debug)")
-            act_ptr = pool.alloc(max(act, 1), int(stream))
-            set_device_memory(trt, context, act_ptr, act)
-            d_in = pool.alloc(self.max_batch * math.prod(sample) * 4, int(stream))
-            d_out = pool.alloc(self.max_batch * math.prod(out_shape) * 4, int(stream))
+            stream = int(st["stream"])
+            st["act_ptr"] = pool.alloc(max(act, 1), stream)
+            set_device_memory(trt, context, st["act_ptr"], act)
+            n_in, n_out = self.max_batch * math.prod(sample), self.max_batch * math.prod(out_shape)
+            st["d_in"], st["d_out"] = pool.alloc(n_in * 4, stream), pool.alloc(n_out * 4, stream)
             if not (
-                context.set_tensor_address(inputs[0], d_in) and context.set_tensor_address(outputs[0], d_out)
+                context.set_tensor_address(inputs[0], st["d_in"])
+                and context.set_tensor_address(outputs[0], st["d_out"])
             ):
                 raise BackendError("TensorRT rejected the I/O buffer addresses; see its log (--debug)")
+            st["h_in"], st["h_out"] = _pinned(cudart, n_in, st["host"]), _pinned(cudart, n_out, st["host"])
         except Exception as e:
-            if stream is not None:  # a partial activation must not leak its stream (a retry loop would)
-                cudart.cudaStreamDestroy(stream)
-            pool.close()
+            self._release(st)  # a partial activation leaks nothing (a retry loop would)
             if isinstance(e, MemPoolOutOfMemoryError):
                 raise CudaOutOfMemoryError(f"CUDA out of memory allocating TensorRT buffers: {e}") from e
             if isinstance(e, MemPoolError):  # a VeoEdgeError the runtime would not treat as a backend failure
                 raise BackendError(f"the TensorRT memory pool failed: {e}") from e
             raise
+        self.origin, self.variant = blob.origin, blob.variant
         self._inputs = [TensorMeta(inputs[0], (None, *sample), "float32")]
         self._outputs = [TensorMeta(outputs[0], (None, *out_shape), "float32")]
-        self._state = dict(
-            cudart=cudart, engine=engine, context=context, pool=pool, stream=stream,
-            d_in=d_in, d_out=d_out, act_ptr=act_ptr, out_shape=out_shape, host={},
-        )  # fmt: skip
+        st.update(trt=trt, out_shape=out_shape, calls=calls, capacity=capacity, act=act, io=io)
+        self._state = st
+
+    @staticmethod
+    def _release(st: dict[str, Any]) -> None:
+        """Tear down in dependency order: context, engine, runtime (their frees go to the pool through the
+        allocator), the stream, pinned buffers, and the pool last."""
+        cudart = st["cudart"]
+        try:
+            if st.get("stream") is not None:
+                cudart.cudaStreamSynchronize(st["stream"])
+            for name in ("context", "engine", "runtime", "allocator"):
+                st[name] = None
+            if st.get("stream") is not None:
+                cudart.cudaStreamDestroy(st["stream"])
+            for ptr in st.get("host", []):
+                cudart.cudaFreeHost(ptr)
+        finally:
+            st["pool"].close()
 
     def _deactivate(self) -> None:
         s, self._state = self._state, {}
-        if not s:
-            return
-        try:
-            s["cudart"].cudaStreamSynchronize(s["stream"])
-            s["context"] = None  # the context goes before the memory it runs in
-            s["engine"] = None
-            s["cudart"].cudaStreamDestroy(s["stream"])
-        finally:
-            s["pool"].close()
+        if s:
+            self._release(s)
 
     def _infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         s = self._state
         cudart, ctx, stream = s["cudart"], s["context"], s["stream"]
         x = feed[self._inputs[0].name]
         n = x.shape[0]
-        host = s["host"].get(n)  # one pinned-size host output buffer per batch size, reused
-        if host is None:
-            host = s["host"][n] = np.empty((n, *s["out_shape"]), np.float32)
+        h_in = s["h_in"][1][: x.size]
+        np.copyto(h_in, x.reshape(-1))  # pinned staging: the async copy really is asynchronous
+        h_out = s["h_out"][1][: n * math.prod(s["out_shape"])]
         h2d, d2h = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
-        _cuda_check(cudart.cudaMemcpyAsync(s["d_in"], x.ctypes.data, x.nbytes, h2d, stream), "input copy")
+        _cuda_check(cudart.cudaMemcpyAsync(s["d_in"], s["h_in"][0], x.nbytes, h2d, stream), "input copy")
         if not ctx.set_input_shape(self._inputs[0].name, tuple(x.shape)):
             raise BackendError(
                 f"TensorRT rejected input shape {tuple(x.shape)} (profile 1..{self.max_batch})"
@@ -445,21 +470,58 @@ class TensorRtRunner(Runner):
         if not ctx.execute_async_v3(int(stream)):
             raise BackendError("TensorRT execute_async_v3 failed; see the TensorRT log (--debug)")
         _cuda_check(
-            cudart.cudaMemcpyAsync(host.ctypes.data, s["d_out"], host.nbytes, d2h, stream), "output copy"
+            cudart.cudaMemcpyAsync(s["h_out"][0], s["d_out"], h_out.nbytes, d2h, stream), "output copy"
         )
         _cuda_check(cudart.cudaStreamSynchronize(stream), "inference")
-        return {self._outputs[0].name: host.copy()}
+        return {self._outputs[0].name: h_out.reshape(n, *s["out_shape"]).copy()}
+
+    def time_once(self, batch: int) -> float:
+        """Milliseconds of one enqueue at ``batch`` on the data in place, between two CUDA events."""
+        s = self._state
+        cudart, stream = s["cudart"], s["stream"]
+        shape = (batch, *self._inputs[0].shape[1:])
+        if not s["context"].set_input_shape(self._inputs[0].name, shape):
+            raise BackendError(f"TensorRT rejected input shape {shape} (profile 1..{self.max_batch})")
+        start = _cuda_check(cudart.cudaEventCreate(), "event creation")
+        end = _cuda_check(cudart.cudaEventCreate(), "event creation")
+        try:
+            _cuda_check(cudart.cudaEventRecord(start, stream), "timing")
+            if not s["context"].execute_async_v3(int(stream)):
+                raise BackendError("TensorRT execute_async_v3 failed; see the TensorRT log (--debug)")
+            _cuda_check(cudart.cudaEventRecord(end, stream), "timing")
+            _cuda_check(cudart.cudaEventSynchronize(end), "timing")
+            return float(_cuda_check(cudart.cudaEventElapsedTime(start, end), "timing"))
+        finally:
+            cudart.cudaEventDestroy(start)
+            cudart.cudaEventDestroy(end)
 
     def pool_stats(self) -> dict[str, Any] | None:
         pool = self._state.get("pool")
-        return asdict(pool.stats()) if pool is not None else None
+        if pool is None:
+            return None
+        return {**asdict(pool.stats()), "reservation_factor": self.config.pool_factor}
 
     def describe(self) -> dict[str, Any]:
         trt = _trt()
+        s = self._state
         return {
             "backend": self.name,
             "version": trt.__version__,
             "precision": self.config.precision,
+            "gpu": self.gpu,
             "engine": self.origin,
+            "engine_variant": self.variant,
             "memory_pool": self.pool_stats(),
-        }
+            "memory_pool_reservation": None if not s else {
+                "factor": self.config.pool_factor, "activation_bytes": s["act"], "io_bytes": s["io"],
+                "capacity": s["capacity"],
+            },
+        }  # fmt: skip
+
+
+def _pinned(cudart: Any, count: int, owned: list[int]) -> tuple[int, np.ndarray]:
+    """``count`` float32s of page-locked host memory (cudaMallocHost), as (address, numpy view); the address
+    is appended to ``owned`` so that it is freed with cudaFreeHost on deactivation."""
+    ptr = int(_cuda_check(cudart.cudaMallocHost(count * 4), "pinned host allocation"))
+    owned.append(ptr)
+    return ptr, np.ctypeslib.as_array((ctypes.c_float * count).from_address(ptr))

@@ -1,0 +1,80 @@
+"""plugins/tests/gpu/run_gpu_checks.py, the one script a GPU machine runs, as far as a CPU can run it:
+it parses and imports, says what it would skip and why, and its pool storm runs on the host backend."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+from veo_edge import nativelib
+
+GPU_DIR = nativelib.REPO_ROOT / "plugins" / "tests" / "gpu"
+SCRIPT = GPU_DIR / "run_gpu_checks.py"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def gpu_modules(monkeypatch):
+    monkeypatch.syspath_prepend(str(GPU_DIR))
+    return importlib.import_module("checks_pool"), importlib.import_module("checks_tensorrt")
+
+
+def test_every_section_is_planned_with_a_reason_when_it_cannot_run(cpu_only):
+    r = _run("--list")
+    assert r.returncode == 0, r.stderr
+    lines = dict(line.split(None, 1) for line in r.stdout.splitlines())
+    assert set(lines) == {"kernels", "sanitizer", "pool", "tensorrt"}
+    assert all(v.startswith("skipped: ") for v in lines.values())
+    r = _run("--sections", "kernels")  # asked for, cannot run: exit 2, not a silent pass
+    assert r.returncode == 2 and "== kernels: SKIPPED" in r.stdout
+
+
+def test_unknown_sections_are_refused():
+    r = _run("--sections", "kernels,benchmarks")
+    assert r.returncode == 2 and "unknown section(s) benchmarks" in r.stderr
+
+
+def test_the_pool_storm_runs_on_the_host_backend(pool_lib):
+    r = _run("--sections", "pool", "--pool-backend", "host", "--mempool-lib", str(pool_lib))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (
+        "pool storm (host, 2 streams, 4000 ops): corrupted 0" in r.stdout and "invariants ok PASS" in r.stdout
+    )
+
+
+def test_the_storm_catches_a_pool_that_hands_out_live_memory(gpu_modules):
+    import ctypes
+    import dataclasses
+
+    from veo_edge.runtime.mempool import PoolStats
+
+    checks_pool, _ = gpu_modules
+    arena = ctypes.create_string_buffer(2 << 20)
+    zero = PoolStats(**{f.name: 0 for f in dataclasses.fields(PoolStats)})
+
+    class Overlapping:  # a broken pool: every slice at the same address
+        def alloc_async(self, n, stream):
+            return ctypes.addressof(arena)
+
+        def free_async(self, ptr, stream):
+            pass
+
+        def stats(self):
+            return zero
+
+        def check(self):
+            return ""
+
+    result = checks_pool.storm(Overlapping(), checks_pool.HostOps(), iterations=600)
+    assert result["corrupted"] > 0
+
+
+def test_the_tensorrt_section_imports_without_tensorrt(gpu_modules):
+    _, checks_tensorrt = gpu_modules
+    assert callable(checks_tensorrt.run)
