@@ -80,3 +80,9 @@ class DeviceLostError(BackendError):
 
 class NoBackendError(BackendUnavailableError):
     """No backend of the runtime's policy can run on this machine, or all of them failed."""
+
+
+class AccuracyGuardError(VeoEdgeError):
+    """A reduced CPU precision (bf16, int8) loses more accuracy against FP32 than the build allows."""
+
+    exit_code = 14
