@@ -35,17 +35,6 @@ def test_bad_precision_options_are_one_line_and_an_exit_code(tmp_path, args, cod
     assert not (tmp_path / "vit-nano").exists()
 
 
-def test_a_guard_failure_has_its_own_exit_code_and_no_output(tmp_path):
-    import numpy as np
-
-    np.save(tmp_path / "zeros.npy", np.zeros((16, 1, 32, 32), np.float32))
-    r = veo("build", "--model", "vit-digits", "--cpu-precision", "int8", "--calibration", "zeros.npy",
-            "--no-plugins", "--quiet", cwd=tmp_path)  # fmt: skip
-    assert r.returncode == 14, r.stderr
-    assert "error: int8 loses" in r.stderr and "--max-accuracy-drop 0.2" in r.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["zeros.npy"]
-
-
 def test_inspect_and_infer_say_which_precision(digits_int8_build):
     shown = veo("inspect", digits_int8_build)
     assert shown.returncode == 0, shown.stderr

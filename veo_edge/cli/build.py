@@ -99,7 +99,7 @@ def build(
         f"  parity: worst max abs {worst.max_abs:.2g} ({worst.candidate}, batch {worst.batch}), all within tolerance"
     )
     cpu = result.manifest.get("cpu_precision")
-    if cpu and cpu["requested"] != "f32":
+    if cpu and (cpu["requested"] != "f32" or cpu.get("accuracy")):
         from veo_edge.pipeline.precision import summary_lines
 
         for line in summary_lines(cpu):
