@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,8 @@ import numpy as np
 
 from veo_edge.errors import BackendError, BackendUnavailableError, ModelLoadError, UsageError
 from veo_edge.runtime.backends.base import Runner, TensorMeta
+
+log = logging.getLogger(__name__)
 
 # OpenVINO's names for the execution precisions veo-edge asks for. Every compile states one: left to
 # itself the CPU plugin picks bf16 on CPUs with AVX512-BF16 or AMX, and the results change with the machine.
@@ -110,6 +113,8 @@ class OpenVinoRunner(Runner):
         except Exception as e:
             raise ModelLoadError(f"OpenVINO could not read {self.model}: {e}") from e
         served, self.precision_note = resolve_precision(self.precision, self.has_native_bf16)
+        if self.precision_note:
+            log.warning("%s: %s", self.model, self.precision_note)
         # an int8 IR carries its quantized ops; everything around them runs at the stated f32
         config = compile_config("f32" if served == "int8" else served, self.threads)
         self._compiled = core.compile_model(model, self.device, config)
