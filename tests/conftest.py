@@ -43,6 +43,13 @@ def video_tiny_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _build(tmp_path_factory, "veo-video-tiny")
 
 
+@pytest.fixture(scope="session")
+def digits_int8_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """vit-digits (trained on real data) built --cpu-precision int8 on its own calibration set, guarded
+    on its own test split. Read-only."""
+    return _build(tmp_path_factory, "vit-digits", cpu_precision="int8", plugins=False)
+
+
 @pytest.fixture
 def copy_build(tmp_path: Path):
     """Copy a session build into this test's tmp dir, for tests that modify or corrupt it."""

@@ -116,3 +116,9 @@ class RollbackFailedError(DeployError):
     """Restoring the previous release failed too: the device serves nothing; act now."""
 
     exit_code = 35
+
+
+class AccuracyGuardError(VeoEdgeError):
+    """A reduced CPU precision (bf16, int8) loses more accuracy against FP32 than the build allows."""
+
+    exit_code = 14

@@ -16,7 +16,7 @@ def build(
     module: str = typer.Option(None, "--module", help="Your model: pkg.mod:factory returning an nn.Module."),
     onnx: Path = typer.Option(None, "--onnx", help="An existing ONNX ViT to build from."),
     checkpoint: Path = typer.Option(
-        None, "--checkpoint", help="state_dict for --module (.pt/.pth/.safetensors)."
+        None, "--checkpoint", help="state_dict for --module or a built-in --model (.pt/.pth/.safetensors)."
     ),
     input_shape: str = typer.Option(None, "--input-shape", help="One sample without batch, e.g. 3,224,224."),
     out: Path = typer.Option(None, "--out", "-o", help="Build directory (default: ./<model name>)."),
@@ -28,6 +28,18 @@ def build(
         "torchscript", "--exporter", help="torch.onnx exporter: torchscript or dynamo."
     ),
     no_plugins: bool = typer.Option(False, "--no-plugins", help="Skip injecting the TensorRT plugins."),
+    cpu_precision: str = typer.Option(
+        "f32", "--cpu-precision", help="OpenVINO precision served on the CPU: f32, bf16 or int8 (NNCF PTQ)."
+    ),
+    calibration: Path = typer.Option(
+        None, "--calibration", help="int8 calibration inputs: .npy/.npz or a folder of images."
+    ),
+    val: Path = typer.Option(
+        None, "--val", help="Labelled validation data for the accuracy guard: .npz with x and y."
+    ),
+    max_accuracy_drop: float = typer.Option(
+        0.2, "--max-accuracy-drop", help="Most top-1 accuracy (points) bf16/int8 may lose against f32."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
     json_out: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
 ) -> None:
@@ -42,15 +54,17 @@ def build(
     ]
     if len(chosen) > 1:
         raise UsageError(f"{' and '.join(chosen)} were both given; choose one model source")
-    if checkpoint is not None and module is None:
-        raise UsageError("--checkpoint goes with --module (built-in models are initialised from a seed)")
+    if checkpoint is not None and onnx is not None:
+        raise UsageError(
+            "--checkpoint goes with --module or --model, not --onnx (the ONNX file has its weights)"
+        )
     shape = parse_input_shape(input_shape)
     if module is not None:
         source = ModuleSource(module, input_shape=shape, checkpoint=checkpoint)
     elif onnx is not None:
         source = OnnxSource(onnx)
     else:
-        source = BuiltinSource(model or DEFAULT_MODEL)
+        source = BuiltinSource(model or DEFAULT_MODEL, checkpoint=checkpoint)
     opts = BuildOptions(
         source=source,
         out=out,
@@ -61,6 +75,10 @@ def build(
         opset=opset,
         exporter=exporter,
         plugins=not no_plugins,
+        cpu_precision=cpu_precision,
+        calibration=calibration,
+        val=val,
+        max_accuracy_drop=max_accuracy_drop,
     )
     result = run_build(opts)
     if json_out:
@@ -80,6 +98,12 @@ def build(
     c.print(
         f"  parity: worst max abs {worst.max_abs:.2g} ({worst.candidate}, batch {worst.batch}), all within tolerance"
     )
+    cpu = result.manifest.get("cpu_precision")
+    if cpu and (cpu["requested"] != "f32" or cpu.get("accuracy")):
+        from veo_edge.pipeline.precision import summary_lines
+
+        for line in summary_lines(cpu):
+            c.print(f"  {line}", soft_wrap=True, markup=False)
     if "surgery" in result.manifest:
         from veo_edge.surgery.report import SurgeryReport
 

@@ -30,6 +30,7 @@ def doctor(json_out: bool = typer.Option(False, "--json", help="Machine-readable
 def models(json_out: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
     """List the built-in models."""
     from veo_edge.models import DEFAULT_MODEL, get_config, list_models
+    from veo_edge.models.registry import pretrained_weights
 
     rows = {name: get_config(name).to_dict() for name in list_models()}
     if json_out:
@@ -42,6 +43,7 @@ def models(json_out: bool = typer.Option(False, "--json", help="Machine-readable
         c.print(
             f"{name}{mark}: {kind} {cfg['img_size']}², {cfg['embed_dim']}-dim, {cfg['depth']} blocks, "
             f"{cfg['num_heads']} heads, {cfg['num_classes']} classes"
+            + (", trained weights" if pretrained_weights(name) else "")
         )
 
 

@@ -70,6 +70,7 @@ def infer(
     result = {
         "model": rt.build.model_name,
         "backend": state.active_backend,
+        "precision": described.get("precision"),
         "backend_info": described,
         "skipped": state.skipped,
         "switches": state.switches,
@@ -86,8 +87,10 @@ def infer(
     c = console()
     c.print(
         f"{rt.build.model_name} on [bold]{state.active_backend}[/]: input {tuple(x.shape)} -> output "
-        f"{tuple(logits.shape)} in {latency_ms:.1f} ms"
+        f"{tuple(logits.shape)} in {latency_ms:.1f} ms ({result['precision'] or 'precision unknown'})"
     )
+    if described.get("precision_note"):
+        c.print(f"  note: {described['precision_note']}", soft_wrap=True)
     for skip in state.skipped:
         c.print(f"  skipped {skip['backend']}: {skip['reason']}", soft_wrap=True)
     for sw in state.switches:

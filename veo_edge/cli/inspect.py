@@ -30,6 +30,11 @@ def inspect(
         "input_shape": m.get("input_shape"),
         "max_batch": m.get("max_batch"),
         "precision": m.get("precision"),
+        "cpu_precision": m.get("cpu_precision"),
+        "canary_tolerances": {
+            "f32": {k: (m.get("canary") or {}).get(k) for k in ("atol", "min_cosine")},
+            **((m.get("canary") or {}).get("precisions") or {}),
+        },
         "export": m.get("export"),
         "artifacts": sorted(m.get("artifacts", {})),
         "engine_choices": read_choices(cache_dir(b.path), m["model"]["name"]),
@@ -48,6 +53,15 @@ def inspect(
     )
     c.print(f"  artifacts: {', '.join(summary['artifacts'])}")
     _print_engine_choices(c, summary["engine_choices"])
+    if summary["cpu_precision"]:
+        from veo_edge.pipeline.precision import summary_lines
+
+        for line in summary_lines(summary["cpu_precision"]):
+            c.print(f"  {line}", soft_wrap=True, markup=False)
+        for p, tol in summary["canary_tolerances"].items():
+            c.print(
+                f"  canary tolerance at {p}: max abs {tol['atol']:.3g}, cosine >= {tol['min_cosine']:.6f}"
+            )
     if report is None:
         c.print("  no plugin surgery in this build (built with --no-plugins or by an older veo-edge)")
         return

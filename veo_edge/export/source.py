@@ -45,8 +45,11 @@ def parse_input_shape(text: str | None) -> tuple[int, ...] | None:
 
 @dataclass(frozen=True)
 class BuiltinSource:
+    """A built-in architecture: its shipped weights or seeded ones, or the user's ``checkpoint``."""
+
     name: str
     seed: int = 0
+    checkpoint: Path | None = None
 
     def __post_init__(self) -> None:
         from veo_edge.models.registry import get_config
@@ -55,13 +58,21 @@ class BuiltinSource:
 
     def load(self) -> LoadedModel:
         from veo_edge.models import create_model
+        from veo_edge.models.registry import pretrained_weights
 
-        built = create_model(self.name, seed=self.seed)
+        built = create_model(self.name, seed=self.seed, pretrained=self.checkpoint is None)
+        if self.checkpoint is not None:
+            load_checkpoint(built.module, self.checkpoint)
+            weights = f"checkpoint:{Path(self.checkpoint).name}"
+        elif pretrained_weights(self.name) is not None:
+            weights = "shipped"
+        else:
+            weights = f"seed:{self.seed}"
         return LoadedModel(
             name=self.name,
             input_shape=built.config.input_shape,
-            module=built.module,
-            config={"family": "vit", **built.config.to_dict()},
+            module=built.module.eval(),
+            config={"family": "vit", "weights": weights, **built.config.to_dict()},
             source=f"builtin:{self.name}",
         )
 
@@ -141,10 +152,38 @@ def load_checkpoint(net: nn.Module, path: Path) -> None:
         state = state["model"]
     if not isinstance(state, dict):
         raise ModelLoadError(f"checkpoint {path} holds a {type(state).__name__}, expected a state_dict")
+    problems = checkpoint_mismatches(net, state)
+    if problems:
+        raise ModelLoadError(f"checkpoint {path} does not fit the model: {'; '.join(problems)}")
     try:
         net.load_state_dict(state, strict=True)
     except RuntimeError as e:
         raise ModelLoadError(f"checkpoint {path} does not fit the model: {str(e).splitlines()[0]} ...") from e
+
+
+def checkpoint_mismatches(net: nn.Module, state: dict[str, Any], show: int = 5) -> list[str]:
+    """Missing keys, unexpected keys and shape mismatches between ``state`` and ``net``, by name."""
+    want = net.state_dict()
+
+    def names(keys: list[str]) -> str:
+        more = f" and {len(keys) - show} more" if len(keys) > show else ""
+        return ", ".join(keys[:show]) + more
+
+    missing = [k for k in want if k not in state]
+    unexpected = [k for k in state if k not in want]
+    shapes = [
+        f"{k} is {list(getattr(state[k], 'shape', []))} in the checkpoint, {list(want[k].shape)} in the model"
+        for k in want
+        if k in state and tuple(getattr(state[k], "shape", ())) != tuple(want[k].shape)
+    ]
+    out = []
+    if missing:
+        out.append(f"{len(missing)} missing key(s): {names(missing)}")
+    if unexpected:
+        out.append(f"{len(unexpected)} unexpected key(s): {names(unexpected)}")
+    if shapes:
+        out.append(f"{len(shapes)} shape mismatch(es): {names(shapes)}")
+    return out
 
 
 @dataclass(frozen=True)

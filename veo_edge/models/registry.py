@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from veo_edge.errors import UsageError
@@ -15,16 +18,37 @@ if TYPE_CHECKING:
 DEFAULT_MODEL = "vit-tiny"
 
 _REGISTRY: dict[str, Callable[[], ViTConfig]] = {}
+#: trained weights shipped with veo-edge (in models/weights/), by model name
+_WEIGHTS: dict[str, str] = {}
+#: the module holding a model's own data set (calibration_set(), test_split(), describe_split())
+_DATA: dict[str, str] = {}
+WEIGHTS_DIR = Path(__file__).parent / "weights"
 
 
-def register(name: str) -> Callable[[Callable[[], ViTConfig]], Callable[[], ViTConfig]]:
+def register(
+    name: str, weights: str | None = None, data: str | None = None
+) -> Callable[[Callable[[], ViTConfig]], Callable[[], ViTConfig]]:
     def deco(fn: Callable[[], ViTConfig]) -> Callable[[], ViTConfig]:
         if name in _REGISTRY:
             raise ValueError(f"model {name!r} is registered twice")
         _REGISTRY[name] = fn
+        if weights is not None:
+            _WEIGHTS[name] = weights
+        if data is not None:
+            _DATA[name] = data
         return fn
 
     return deco
+
+
+def pretrained_weights(name: str) -> Path | None:
+    """The shipped weights of a trained built-in, or None for one initialised from a seed."""
+    return WEIGHTS_DIR / _WEIGHTS[name] if name in _WEIGHTS else None
+
+
+def builtin_data(name: str) -> ModuleType | None:
+    """The data module of a built-in trained on real data (``calibration_set()``, ``test_split()``)."""
+    return importlib.import_module(_DATA[name]) if name in _DATA else None
 
 
 def list_models() -> list[str]:
@@ -45,8 +69,9 @@ class BuiltModel:
     module: nn.Module
 
 
-def create_model(name: str, seed: int = 0) -> BuiltModel:
-    """Instantiate a registered variant in eval mode with weights initialised from ``seed``."""
+def create_model(name: str, seed: int = 0, pretrained: bool = True) -> BuiltModel:
+    """Instantiate a registered variant in eval mode: its shipped weights when it has some (and
+    ``pretrained``), else weights initialised from ``seed``."""
     cfg = get_config(name)
     import torch
 
@@ -56,6 +81,11 @@ def create_model(name: str, seed: int = 0) -> BuiltModel:
     with torch.random.fork_rng(devices=[]):
         module = VisionTransformer(cfg)
     init_weights(module, seed)
+    weights = pretrained_weights(name) if pretrained else None
+    if weights is not None:
+        from veo_edge.export.source import load_checkpoint
+
+        load_checkpoint(module, weights)
     return BuiltModel(name=name, config=cfg, module=module.eval())
 
 
@@ -69,6 +99,23 @@ def vit_nano() -> ViTConfig:
 def vit_tiny() -> ViTConfig:
     """ViT-Ti/16 at 224x224 (DeiT-Tiny shape): 192-dim, 12 blocks, 3 heads."""
     return ViTConfig(img_size=224, patch_size=16, embed_dim=192, depth=12, num_heads=3)
+
+
+@register("vit-digits", weights="vit-digits.safetensors", data="veo_edge.models.digits")
+def vit_digits() -> ViTConfig:
+    """A 4-block ViT trained on scikit-learn's handwritten digits (real 8x8 scans upscaled to 32x32,
+    one channel; models/digits.py has the split, models/train_digits.py trained the shipped weights)."""
+    return ViTConfig(
+        img_size=32,
+        patch_size=8,
+        in_chans=1,
+        num_classes=10,
+        embed_dim=64,
+        depth=4,
+        num_heads=2,
+        class_token=False,
+        global_pool="avg",
+    )
 
 
 @register("veo-video-tiny")

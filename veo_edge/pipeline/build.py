@@ -17,12 +17,14 @@ import numpy as np
 from veo_edge import __version__
 from veo_edge.builddir import BuildDir, artifact_entry, check_output, staged_output, write_manifest
 from veo_edge.errors import ParityError, UsageError
+from veo_edge.export.accuracy import MAX_ACCURACY_DROP
 from veo_edge.export.canary import MIN_COSINE, Canary, compare_canary
 from veo_edge.export.onnx_export import Exporter, OnnxExport, check_onnx
 from veo_edge.export.openvino_ir import OpenVinoConvert
 from veo_edge.export.parity import ParityStats, TorchReference, check_all, seeded_inputs
 from veo_edge.export.source import BuiltinSource, LoadedModel, ModuleSource, OnnxSource
 from veo_edge.pipeline.progress import StageReporter
+from veo_edge.runtime.backends.openvino import SERVED_PRECISIONS
 
 Source = BuiltinSource | ModuleSource | OnnxSource
 
@@ -42,10 +44,23 @@ class BuildOptions:
     opset: int = 17
     exporter: Exporter = "torchscript"
     plugins: bool = True
+    # the CPU precision stage (pipeline/precision.py)
+    cpu_precision: str = "f32"  # f32, bf16 or int8
+    calibration: Path | None = None
+    val: Path | None = None
+    max_accuracy_drop: float = MAX_ACCURACY_DROP
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch <= 1024:
             raise UsageError(f"--max-batch {self.max_batch} is out of range; expected 1..1024")
+        if self.cpu_precision not in SERVED_PRECISIONS:
+            raise UsageError(
+                f"--cpu-precision {self.cpu_precision!r} is unknown; choose one of: {', '.join(SERVED_PRECISIONS)}"
+            )
+        if not 0 <= self.max_accuracy_drop <= 100:
+            raise UsageError(
+                f"--max-accuracy-drop {self.max_accuracy_drop} is out of range; expected 0..100 points"
+            )
 
 
 @dataclass
@@ -72,6 +87,9 @@ def run_build(opts: BuildOptions) -> BuildResult:
     # an explicit --out that exists fails before any slow work
     if opts.out is not None:
         check_output(opts.out, opts.force)
+    from veo_edge.pipeline.precision import precheck
+
+    precheck(opts)
     with StageReporter(quiet=opts.quiet) as rep:
         with rep.stage("load", "Loading the model"):
             loaded = opts.source.load()
@@ -120,6 +138,15 @@ def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: Stage
                 parity = check_all(runs, reference, loaded.input_shape, batches, PARITY_SEED, fp16)
         with rep.stage("canary", "Recording the golden canary"):
             canary = _write_canary(stage, loaded, reference, runs, parity)
+        from veo_edge.pipeline.precision import run_precision_stage
+
+        golden = Canary(
+            np.load(stage / canary["input"]), np.load(stage / canary["expected"]), canary["atol"], MIN_COSINE
+        )
+        fp32_runs = {"openvino": runs["openvino"], "onnxruntime": lambda x: _only(ort.infer(x))}
+        cpu = run_precision_stage(stage, loaded, xml_path, opts, rep, fp32_runs, golden)
+        if cpu.canary is not None:
+            canary["precisions"] = {cpu.manifest["served"]["openvino"]: cpu.canary}
         surgery = None
         if opts.plugins:
             from veo_edge.surgery.stage import run_surgery
@@ -143,6 +170,7 @@ def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: Stage
         "openvino_bin": artifact_entry(stage, xml_path.with_suffix(".bin")),
         "canary_input": artifact_entry(stage, stage / "canary" / "input.npy"),
         "canary_expected": artifact_entry(stage, stage / "canary" / "expected.npy"),
+        **{kind: artifact_entry(stage, path) for kind, path in cpu.artifacts.items()},
     }
     manifest: dict[str, Any] = {
         "model": {"name": loaded.name, "source": loaded.source, "config": loaded.config},
@@ -151,6 +179,7 @@ def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: Stage
         "input_shape": list(loaded.input_shape),
         "max_batch": opts.max_batch,
         "precision": precision,
+        "cpu_precision": cpu.manifest,
         "export": {
             "exporter": opts.exporter if loaded.module is not None else "external",
             "opset": opts.opset,

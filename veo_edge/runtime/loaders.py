@@ -14,9 +14,16 @@ def cpu_runner(build: BuildDir, backend: str, threads: int | None = None) -> Run
     if backend == "openvino":
         from veo_edge.runtime.backends.openvino import OpenVinoRunner
 
-        return OpenVinoRunner(build.artifact("openvino_xml"), max_batch=build.max_batch, threads=threads)
+        precision = served_precision(build, "openvino")
+        xml = build.artifact("openvino_int8_xml" if precision == "int8" else "openvino_xml")
+        return OpenVinoRunner(xml, max_batch=build.max_batch, threads=threads, precision=precision)
     if backend == "onnxruntime":
         from veo_edge.runtime.backends.onnxruntime import OnnxRuntimeRunner
 
         return OnnxRuntimeRunner(build.artifact("onnx"), max_batch=build.max_batch, threads=threads)
     raise UsageError(f"unknown CPU backend {backend!r}; choose one of: {', '.join(CPU_BACKENDS)}")
+
+
+def served_precision(build: BuildDir, backend: str) -> str:
+    """The CPU precision the build chose for ``backend`` (manifest ``cpu_precision``; f32 before it)."""
+    return str((build.manifest.get("cpu_precision") or {}).get("served", {}).get(backend, "f32"))

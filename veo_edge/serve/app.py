@@ -210,8 +210,13 @@ class InferenceService:
                 "platform": "veo-edge",
                 "inputs": [t.to_metadata() for t in m.inputs],
                 "outputs": [t.to_metadata() for t in m.outputs],
+                "parameters": {"precision": self._precision()},
             },
         )
+
+    def _precision(self) -> str:
+        """The precision the active backend computes at (the build's choice on the CPU), or "none"."""
+        return str(self.runtime.describe().get("precision") or "none")
 
     def _model_ready(self) -> Response:
         ready = self.readiness()
@@ -245,6 +250,7 @@ class InferenceService:
                     "preferred_batch_size": [m.max_batch],
                     "max_queue_delay_microseconds": delay_us,
                 },
+                "parameters": {"precision": {"string_value": self._precision()}},
                 "instance_group": [
                     {"name": m.name, "kind": "KIND_GPU" if backend == "tensorrt" else "KIND_CPU", "count": 1}
                 ],

@@ -64,8 +64,10 @@ EXIT_CODES = {
 }
 
 
-def load_canary(build: BuildDir) -> Canary:
-    """The build's golden canary, its files checked against the manifest's checksums."""
+def load_canary(build: BuildDir, precision: str | None = None) -> Canary:
+    """The build's golden canary, its files checked against the manifest's checksums, with the tolerance
+    of ``precision`` (default: the CPU precision the build serves; a bf16/int8 build records its own,
+    looser, tolerance beside the f32 one, so an f32 backend of the same build passes it too)."""
     spec = build.manifest.get("canary")
     if not spec:
         raise CanaryMismatchError(f"build {build.path} records no canary; rebuild it with this veo-edge")
@@ -75,7 +77,10 @@ def load_canary(build: BuildDir) -> Canary:
         expected = np.load(build.artifact("canary_expected"), allow_pickle=False)
     except (BuildDirError, OSError, ValueError) as e:
         raise CanaryMismatchError(f"the golden canary of {build.path} is unusable: {e}") from e
-    return Canary(x, expected, float(spec["atol"]), float(spec["min_cosine"]))
+    if precision is None:
+        precision = str((build.manifest.get("cpu_precision") or {}).get("served", {}).get("openvino", "f32"))
+    tol = (spec.get("precisions") or {}).get(precision, spec)
+    return Canary(x, expected, float(tol["atol"]), float(tol["min_cosine"]))
 
 
 # -- the probe ---------------------------------------------------------------------------------------
@@ -218,6 +223,7 @@ def check_local(build_dir: str, timeout: float = 60.0, backend: str = "auto") ->
             state = rt.state.to_dict()
             if not state.get("active_backend"):
                 raise NotReadyError(f"no backend could start on {build_dir}: {state.get('skipped')}")
+            canary = load_canary(build, rt.describe().get("precision"))  # the tolerance of what runs
             out = rt.infer(canary.input)
         finally:
             rt.close()

@@ -131,6 +131,15 @@ class ServeCollector:
         if s.get("active_backend"):
             active.add_metric([*mv, str(s["active_backend"])], 1)
         yield active
+        precision = GaugeMetricFamily(
+            "veo_edge_active_precision",
+            "1 for the precision the active backend computes at (f32, bf16, int8, fp16)",
+            labels=[*ml, "backend", "precision"],
+        )
+        described = self.runtime.describe() if s.get("active_backend") else {}
+        if described.get("precision"):
+            precision.add_metric([*mv, str(s["active_backend"]), str(described["precision"])], 1)
+        yield precision
         switches = CounterMetricFamily(
             "veo_edge_fallback_switches", "Switches to a fallback backend", labels=ml
         )

@@ -93,4 +93,4 @@ class OnnxRuntimeRunner(Runner):
         import onnxruntime as ort
 
         active = self._session.get_providers() if self._session is not None else list(self.providers)
-        return {"backend": self.name, "version": ort.__version__, "providers": active}
+        return {"backend": self.name, "version": ort.__version__, "providers": active, "precision": "f32"}

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from veo_edge.errors import BackendError, BackendUnavailableError, ModelLoadError
+from veo_edge.errors import BackendError, BackendUnavailableError, ModelLoadError, UsageError
 from veo_edge.runtime.backends.base import Runner, TensorMeta
+
+log = logging.getLogger(__name__)
 
 # OpenVINO's names for the execution precisions veo-edge asks for. Every compile states one: left to
 # itself the CPU plugin picks bf16 on CPUs with AVX512-BF16 or AMX, and the results change with the machine.
@@ -32,6 +36,35 @@ def compile_config(
     return config
 
 
+#: what a build may serve on the CPU: "int8" is an NNCF-quantized IR whose other ops run at f32
+SERVED_PRECISIONS = ("f32", "bf16", "int8")
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), as OpenVINO's CPU plugin reports it."""
+    import openvino as ov
+
+    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+def resolve_precision(
+    requested: str, has_native_bf16: Callable[[], bool] | None = None
+) -> tuple[str, str | None]:
+    """(the precision to run at, a note when it is not the one requested): bf16 falls back to f32 on a
+    CPU without native BF16, where OpenVINO would emulate it slowly or ignore the hint.
+    ``has_native_bf16`` is the capability probe (default: :func:`native_bf16`)."""
+    if requested not in SERVED_PRECISIONS:
+        raise UsageError(
+            f"unknown CPU precision {requested!r}; choose one of: {', '.join(SERVED_PRECISIONS)}"
+        )
+    if requested != "bf16":
+        return requested, None
+    probe = has_native_bf16 or native_bf16
+    if probe():
+        return "bf16", None
+    return "f32", "bf16 was asked for, but this CPU has no native BF16 (AVX512-BF16 or AMX): running f32"
+
+
 def compiled_precision(compiled: Any) -> str:
     """The inference precision a compiled model really runs at, as OpenVINO reports it (e.g. "f32")."""
     value = compiled.get_property("INFERENCE_PRECISION_HINT")
@@ -53,12 +86,15 @@ class OpenVinoRunner(Runner):
         max_batch: int | None = None,
         threads: int | None = None,
         precision: str = "f32",
+        has_native_bf16: Callable[[], bool] | None = None,
     ) -> None:
         super().__init__(max_batch)
         self.model = Path(model)
         self.device = device
         self.threads = threads
-        self.precision = precision
+        self.precision = precision  # f32, bf16, or int8 (an NNCF-quantized IR)
+        self.has_native_bf16 = has_native_bf16
+        self.precision_note: str | None = None
         self._compiled: Any = None
         self._requests: dict[int, Any] = {}
 
@@ -76,7 +112,11 @@ class OpenVinoRunner(Runner):
             model = core.read_model(str(self.model))
         except Exception as e:
             raise ModelLoadError(f"OpenVINO could not read {self.model}: {e}") from e
-        config = compile_config(self.precision, self.threads)
+        served, self.precision_note = resolve_precision(self.precision, self.has_native_bf16)
+        if self.precision_note:
+            log.warning("%s: %s", self.model, self.precision_note)
+        # an int8 IR carries its quantized ops; everything around them runs at the stated f32
+        config = compile_config("f32" if served == "int8" else served, self.threads)
         self._compiled = core.compile_model(model, self.device, config)
         self.compiled_precision = compiled_precision(self._compiled)
         if self.compiled_precision != config["INFERENCE_PRECISION_HINT"]:
@@ -84,6 +124,7 @@ class OpenVinoRunner(Runner):
                 f"OpenVINO compiled {self.model} at {self.compiled_precision}, not the "
                 f"{config['INFERENCE_PRECISION_HINT']} that was asked for"
             )
+        self.served_precision = served
         self._inputs = [_meta(p) for p in self._compiled.inputs]
         self._outputs = [_meta(p) for p in self._compiled.outputs]
 
@@ -113,5 +154,7 @@ class OpenVinoRunner(Runner):
             "backend": self.name,
             "version": ov.get_version(),
             "device": self.device,
-            "precision": getattr(self, "compiled_precision", self.precision),
+            "precision": getattr(self, "served_precision", self.precision),
+            "inference_precision_hint": getattr(self, "compiled_precision", None),
+            **({"precision_note": self.precision_note} if self.precision_note else {}),
         }
