@@ -80,3 +80,9 @@ class DeviceLostError(BackendError):
 
 class NoBackendError(BackendUnavailableError):
     """No backend of the runtime's policy can run on this machine, or all of them failed."""
+
+
+class RunDirError(VeoEdgeError):
+    """A soak run directory is missing, not empty, foreign, corrupt or already complete."""
+
+    exit_code = 31
