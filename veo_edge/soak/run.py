@@ -144,7 +144,7 @@ def _loop(store, config, target, sampler, recorder, driver, offset, stop, progre
 
     driver.start()
     window_start = offset
-    last_fallbacks: int | None = None
+    last_fallbacks: int | None = 0 if config.url is None else None  # a server's counter runs on
     next_tick = seg_start + config.sample_s
     live_stats: dict[str, Any] = {"ok": 0, "errors": 0}
     reason = "complete"

@@ -42,8 +42,43 @@ CREATE TABLE IF NOT EXISTS samples (
 CREATE TABLE IF NOT EXISTS events (
     segment INTEGER NOT NULL, t REAL NOT NULL, kind TEXT NOT NULL, detail TEXT);
 """
-WINDOW_COLUMNS = ["segment", "t0", "t1", "issued", "ok", "errors", "timeouts", "samples", "p50_us", "p90_us", "p99_us", "p999_us", "max_us", "min_us", "mean_us", "hist"]
-SAMPLE_COLUMNS = ["segment", "t", "wall", "rss", "uss", "fds", "threads", "gpu_used", "pool_in_use", "pool_free", "pool_largest", "pool_fragmentation", "pool_entropy", "fallbacks", "batches", "active_backend", "extra"]
+WINDOW_COLUMNS = [
+    "segment",
+    "t0",
+    "t1",
+    "issued",
+    "ok",
+    "errors",
+    "timeouts",
+    "samples",
+    "p50_us",
+    "p90_us",
+    "p99_us",
+    "p999_us",
+    "max_us",
+    "min_us",
+    "mean_us",
+    "hist",
+]
+SAMPLE_COLUMNS = [
+    "segment",
+    "t",
+    "wall",
+    "rss",
+    "uss",
+    "fds",
+    "threads",
+    "gpu_used",
+    "pool_in_use",
+    "pool_free",
+    "pool_largest",
+    "pool_fragmentation",
+    "pool_entropy",
+    "fallbacks",
+    "batches",
+    "active_backend",
+    "extra",
+]
 
 
 class RunStore:

@@ -452,7 +452,9 @@ class TensorRtRunner(Runner):
 
     def pool_stats(self) -> dict[str, Any] | None:
         pool = self._state.get("pool")
-        return asdict(pool.stats()) if pool is not None else None
+        if pool is None:
+            return None
+        return {**asdict(pool.stats()), "free_blocks": pool.free_blocks()}  # the soak's fragmentation
 
     def describe(self) -> dict[str, Any]:
         trt = _trt()
