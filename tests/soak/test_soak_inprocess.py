@@ -66,7 +66,8 @@ def test_chaos_fallback_loses_nothing(clean_run):
     _, report = clean_run
     req = report["requests"]
     assert req["issued"] == req["ok"] and req["errors"] == req["timeouts"] == req["lost"] == 0
-    assert report["fallbacks"]["switches"] == 1 and report["fallbacks"]["backends"] == ["openvino"]
+    assert report["fallbacks"]["switches"] == 1 and report["fallbacks"]["backends"][-1] == "openvino"
+    assert set(report["fallbacks"]["backends"]) <= {"onnxruntime", "openvino"}
     assert [e["detail"] for e in report["events"] if e["kind"] == "fallback"] == [
         "1 fallback switch(es), now on openvino"
     ]

@@ -144,6 +144,7 @@ def _loop(store, config, target, sampler, recorder, driver, offset, stop, progre
 
     driver.start()
     window_start = offset
+    window_due = offset + config.window_s
     last_fallbacks: int | None = 0 if config.url is None else None  # a server's counter runs on
     next_tick = seg_start + config.sample_s
     live_stats: dict[str, Any] = {"ok": 0, "errors": 0}
@@ -161,9 +162,10 @@ def _loop(store, config, target, sampler, recorder, driver, offset, stop, progre
         next_tick += config.sample_s
         t = now()
         last_fallbacks = _tick(store, sampler, t, last_fallbacks, live_stats)
-        if t - window_start >= config.window_s - 1e-6:
+        if t >= window_due - config.sample_s / 2:  # on the planned grid: ticks drift by microseconds
             _close_window(store, recorder, window_start, t, live_stats)
             window_start = t
+            window_due += config.window_s
         store.commit()
         progress.update(t, live_stats)
     in_flight = driver.stop(timeout=max(30.0, config.timeout_s * 2))
