@@ -43,10 +43,12 @@ class Recorder:
         self.in_flight = 0
         self.total_ok = 0
         self.total_errors = 0
+        # two histograms for the whole run, swapped at each window: no allocation per window, and the
+        # finished one is summarised outside the lock
+        self._hist, self._spare = new_histogram(), new_histogram()
         self._reset()
 
     def _reset(self) -> None:
-        self._hist = new_histogram()
         self._issued = self._ok = self._errors = self._timeouts = 0
         self._messages: list[tuple[str, str]] = []
 
@@ -74,8 +76,8 @@ class Recorder:
     def roll(self, t0: float, t1: float) -> tuple[dict[str, Any], list[tuple[str, str]]]:
         """The finished window as a ``windows`` row, and its kept error messages."""
         with self._lock:
-            h, issued, ok, errors, timeouts, messages = (
-                self._hist,
+            h, self._hist = self._hist, self._spare
+            issued, ok, errors, timeouts, messages = (
                 self._issued,
                 self._ok,
                 self._errors,
@@ -83,14 +85,16 @@ class Recorder:
                 self._messages,
             )
             self._reset()
+        row = self._summary(h)
+        h.reset()
+        self._spare = h  # roll is called from one thread only
+        row.update(t0=t0, t1=t1, issued=issued, ok=ok, errors=errors, timeouts=timeouts)
+        return row, messages
+
+    @staticmethod
+    def _summary(h) -> dict[str, Any]:
         n = h.get_total_count()
         row: dict[str, Any] = {
-            "t0": t0,
-            "t1": t1,
-            "issued": issued,
-            "ok": ok,
-            "errors": errors,
-            "timeouts": timeouts,
             "samples": n,
             "hist": h.encode().decode() if n else None,
         }
@@ -104,7 +108,7 @@ class Recorder:
                 min_us=h.get_min_value(),
                 mean_us=h.get_mean_value(),
             )
-        return row, messages
+        return row
 
 
 class LoadDriver:
