@@ -93,7 +93,8 @@ def _plots(store: RunStore, report: dict[str, Any], run_dir: Path) -> list[str]:
         ax.plot(x, [w["max"] for w in lw], lw=0.5, ls="--", label="max")
     boundaries(ax)
     ax.set(xlabel=f"run time ({unit})", ylabel="latency (ms)", title="Latency per window")
-    ax.legend(loc="upper right", fontsize=8)
+    if lw:
+        ax.legend(loc="upper right", fontsize=8)
     save(fig, "latency.png")
 
     # memory over time with the fitted trends
@@ -128,7 +129,8 @@ def _plots(store: RunStore, report: dict[str, Any], run_dir: Path) -> list[str]:
                 )
     boundaries(ax)
     ax.set(xlabel=f"run time ({unit})", ylabel="MiB", title="Memory of the process under test")
-    ax.legend(loc="best", fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="best", fontsize=8)
     save(fig, "memory.png")
 
     # latency histogram (all windows merged)
@@ -183,10 +185,10 @@ def _plots(store: RunStore, report: dict[str, Any], run_dir: Path) -> list[str]:
     if frag:
         fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 5), sharex=True)
         xs = [f[0] / scale for f in frag]
-        a1.plot(xs, [f[1] for f in frag], label="1 - largest/free")
+        handles = a1.plot(xs, [f[1] for f in frag], label="1 - largest/free")
         if any(f[2] is not None for f in frag):
             a1b = a1.twinx()
-            a1b.plot(
+            handles += a1b.plot(
                 xs,
                 [f[2] if f[2] is not None else float("nan") for f in frag],
                 color="tab:orange",
@@ -194,6 +196,7 @@ def _plots(store: RunStore, report: dict[str, Any], run_dir: Path) -> list[str]:
             )
             a1b.set_ylabel("entropy (bits)")
         a1.set(ylabel="fragmentation", title="Memory pool fragmentation")
+        a1.legend(handles=handles, fontsize=8, loc="upper left")
         a2.plot(xs, [(f[4] or 0) / mib for f in frag], label="free")
         a2.plot(xs, [(f[3] or 0) / mib for f in frag], label="largest free block")
         a2.set(xlabel=f"run time ({unit})", ylabel="MiB")
