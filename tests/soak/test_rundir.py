@@ -95,3 +95,16 @@ def test_cli_errors_are_one_line_with_distinct_codes(capsys, tmp_path: Path, nan
     assert code == 2 and "--resume continues a run with its own settings; drop --duration" in out
     code, out = _cli(capsys, "soak", str(tmp_path), "--duration", "5s", "--out", str(tmp_path / "r"))
     assert code == 7 and not (tmp_path / "r").exists()  # not a build directory: BuildDirError
+
+
+def test_unreachable_server_leaves_no_run_dir(capsys, tmp_path: Path):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, out = _cli(
+        capsys, "soak", "--url", f"http://127.0.0.1:{port}", "--duration", "5s", "--out", str(tmp_path / "r")
+    )
+    assert code == 2 and "cannot reach the server at" in out and "start it with `veo-edge serve`" in out
+    assert not (tmp_path / "r").exists()

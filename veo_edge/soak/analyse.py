@@ -336,7 +336,8 @@ def verdict(report: dict[str, Any], th: Thresholds) -> dict[str, Any]:
             None,
             th.leak_floor_bytes_per_h,
             False,
-            f"fewer than {MIN_FIT_SAMPLES} samples after warm-up",
+            f"fewer than {MIN_FIT_SAMPLES} samples after warm-up in every segment; run longer, or lower "
+            "--sample-interval or --warmup",
         )
     frag = report["fragmentation"]
     if frag is not None:

@@ -42,9 +42,16 @@ def _target(config: SoakConfig):
 
 def start(config: SoakConfig, run_dir: Path, *, live: bool = True) -> Path:
     """Run a new soak into ``run_dir`` (new or empty); returns the run directory."""
-    store = RunStore.create(run_dir, config.to_dict())
+    RunStore.check_new(run_dir)
+    target = _target(config)
+    opened = target.open()  # an unreachable server or a bad build fails before the run directory exists
     try:
-        _run_segment(store, config, live)
+        store = RunStore.create(run_dir, config.to_dict())
+    except BaseException:
+        target.close()
+        raise
+    try:
+        _run_segment(store, config, live, target, opened)
     finally:
         store.close()
     return Path(run_dir)
@@ -64,7 +71,8 @@ def resume(run_dir: Path, *, live: bool = True) -> Path:
         if store.recorded_until() >= config.duration_s:
             store.set_status("complete")
         else:
-            _run_segment(store, config, live)
+            target = _target(config)
+            _run_segment(store, config, live, target, target.open())
     finally:
         store.close()
     return Path(run_dir)
@@ -110,11 +118,10 @@ class _Stop:
             signal.signal(sig, old)
 
 
-def _run_segment(store: RunStore, config: SoakConfig, live: bool) -> None:
+def _run_segment(store: RunStore, config: SoakConfig, live: bool, target: Any, opened: tuple) -> None:
     from veo_edge.soak.sampler import Sampler
 
-    target = _target(config)
-    shape, dtype = target.open()
+    shape, dtype = opened
     try:
         rng = np.random.default_rng(config.seed)
         batch = rng.standard_normal((config.batch, *shape)).astype(dtype)

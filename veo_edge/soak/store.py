@@ -90,8 +90,9 @@ class RunStore:
         self.segment: int | None = None
 
     # -- opening ----------------------------------------------------------------------------------
-    @classmethod
-    def create(cls, run_dir: Path, config: dict[str, Any]) -> RunStore:
+    @staticmethod
+    def check_new(run_dir: Path) -> None:
+        """Raise :class:`RunDirError` unless ``run_dir`` can hold a new run (absent or empty)."""
         run_dir = Path(run_dir)
         if run_dir.exists() and not run_dir.is_dir():
             raise RunDirError(f"--out {run_dir} is a file; expected a new or empty directory for the run")
@@ -102,6 +103,11 @@ class RunStore:
                 else "choose a new directory"
             )
             raise RunDirError(f"--out {run_dir} is not empty; a soak writes into a new directory ({hint})")
+
+    @classmethod
+    def create(cls, run_dir: Path, config: dict[str, Any]) -> RunStore:
+        run_dir = Path(run_dir)
+        cls.check_new(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         store = cls(run_dir, _connect(run_dir / DB_NAME))
         with store.conn:
