@@ -1,6 +1,6 @@
-"""30-second soaks of the runtime in this process: a complete report with plots, a fallback injected by
-the chaos schedule that loses nothing, a clean run whose leak interval contains 0 or stays under the
-floor, and a planted leak found at its planted rate."""
+"""Soaks of the runtime in this process: a 30-second run with a complete report and plots, a fallback
+injected by the chaos schedule that loses nothing, and a leak interval that contains 0 or stays under
+the floor; a 20-second run with a planted leak, found at its planted rate."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def test_planted_leak_is_found_at_its_rate(nano_build: Path, tmp_path: Path, mon
     monkeypatch.setenv("VEO_EDGE_FAULTS", json.dumps({"openvino": {"leak_bytes_per_call": leak}}))
     run_dir = tmp_path / "leak"
     config = SoakConfig(
-        duration_s=30,
+        duration_s=20,
         build_dir=str(nano_build),
         rate=20,
         backend="openvino",

@@ -117,8 +117,10 @@ def run(
     import time
 
     from veo_edge.errors import UsageError
+    from veo_edge.soak.config import SoakConfig, require_dependencies
+
+    require_dependencies(url=url is not None or resume is not None)
     from veo_edge.soak import run as soak_run
-    from veo_edge.soak.config import SoakConfig
     from veo_edge.soak.units import parse_duration
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -198,8 +200,10 @@ def report(
     max_fragmentation: float = _T["max_fragmentation"],
 ) -> None:
     """(Re)write RUN_DIR's report.json, report.md and plots; exit 0 on pass, 30 on fail."""
+    from veo_edge.soak.config import require_dependencies
     from veo_edge.soak.store import RunStore
 
+    require_dependencies()
     store = RunStore.open(run_dir)  # a clear error for a missing, foreign or corrupt run directory
     base = store.config.get("thresholds")
     store.close()

@@ -9,6 +9,21 @@ from typing import Any
 from veo_edge.errors import UsageError
 
 MiB = 1 << 20
+#: import name -> distribution of what `veo-edge soak` needs (the `soak` extra)
+REQUIRED = {"hdrh": "hdrhistogram", "psutil": "psutil", "scipy": "scipy", "matplotlib": "matplotlib"}
+
+
+def require_dependencies(url: bool = False) -> None:
+    """A :class:`UsageError` naming what to install when the `soak` extra is missing."""
+    import importlib.util
+
+    needed = {**REQUIRED, **({"prometheus_client": "prometheus-client"} if url else {})}
+    missing = sorted(dist for mod, dist in needed.items() if importlib.util.find_spec(mod) is None)
+    if missing:
+        raise UsageError(
+            f"veo-edge soak needs {', '.join(missing)}, which are not installed; "
+            "install them with `pip install 'veo-edge[soak]'`"
+        )
 
 
 @dataclass
