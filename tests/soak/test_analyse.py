@@ -110,3 +110,23 @@ def test_stopped_run_fails_on_duration(tmp_path: Path):
     assert not checks["duration"]["pass"] and checks["duration"]["detail"] == "ran 30.0 s of 60.0 s (stopped)"
     assert checks["leak:rss"]["pass"] and checks["jitter"]["pass"]
     assert report["jitter"]["jitter_ms"] == 0
+
+
+def test_long_runs_are_reduced_not_truncated(tmp_path: Path, monkeypatch):
+    """A 72-hour run has ~50k windows and ~260k samples: the report merges windows (medians of p50,
+    maxima above) and fits bin medians; here with the limits lowered to see it on a small run."""
+    from veo_edge.soak import analyse
+
+    monkeypatch.setattr(analyse, "MAX_WINDOWS_KEPT", 4)
+    monkeypatch.setattr(analyse, "MAX_FIT_POINTS", 20)
+    run = tmp_path / "run"
+    _write_run(run, slope_per_h=100 * MiB, blocks_at=lambda t: [MiB], p50_us=lambda k: 3000 + 200 * k)
+    report = write_report(run, Thresholds(max_jitter_ms=1.0))
+    assert report["windows_stride"] == 3 and len(report["windows"]) == 4
+    first = report["windows"][0]
+    assert (first["t0"], first["t1"], first["samples"]) == (0.0, 15.0, 150)
+    assert first["p50"] == pytest.approx(3.2, rel=1e-3) and first["max"] == pytest.approx(3.4, rel=1e-3)
+    assert report["jitter"]["windows"] == 10  # jitter still sees every window
+    fit = report["leak"]["rss"]
+    assert fit["fit_points"] == 20 and fit["samples"] == 51
+    assert fit["bytes_per_hour"] == pytest.approx(100 * MiB, rel=0.1)

@@ -28,6 +28,10 @@ REPORT_FORMAT = "veo-edge-soak-report"
 REPORT_VERSION = 1
 MIN_WINDOW_SAMPLES = 10
 MIN_FIT_SAMPLES = 8
+#: Theil–Sen is O(n²): longer series are fitted on this many points (medians of equal-count bins)
+MAX_FIT_POINTS = 1000
+#: per-window detail kept in the report (consecutive windows merged beyond: see ``windows_stride``)
+MAX_WINDOWS_KEPT = 2000
 LEAK_SERIES = ("rss", "uss", "gpu_used", "pool_in_use")
 
 
@@ -48,19 +52,25 @@ def _pcts(h) -> dict[str, float] | None:
 
 
 def _fit(ts: list[float], ys: list[float]) -> dict[str, Any] | None:
-    """Theil–Sen slope (per hour) with its 95 % interval."""
+    """Theil–Sen slope (per hour) with its 95 % interval; on bin medians above ``MAX_FIT_POINTS``."""
     if len(ts) < MIN_FIT_SAMPLES or max(ts) - min(ts) <= 0:
         return None
+    import numpy as np
     from scipy.stats import theilslopes
 
-    hours = [t / 3600.0 for t in ts]
-    slope, intercept, low, high = theilslopes(ys, hours, alpha=0.95)
+    t, y = np.asarray(ts, dtype=float), np.asarray(ys, dtype=float)
+    if len(t) > MAX_FIT_POINTS:
+        bins = np.array_split(np.arange(len(t)), MAX_FIT_POINTS)
+        t = np.array([np.median(t[b]) for b in bins])
+        y = np.array([np.median(y[b]) for b in bins])
+    slope, intercept, low, high = theilslopes(y, t / 3600.0, alpha=0.95)
     return {
         "bytes_per_hour": float(slope),
         "low": float(low),
         "high": float(high),
         "intercept": float(intercept),
         "samples": len(ts),
+        "fit_points": len(t),
         "span_s": max(ts) - min(ts),
     }
 
@@ -85,7 +95,10 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
 
     # -- requests and latency, window by window (one histogram in memory at a time) -----------------
     overall, steady = new_histogram(), new_histogram()
-    windows = []
+    windows: list[dict[str, Any]] = []
+    stride = max(1, -(-store.count("windows") // MAX_WINDOWS_KEPT))
+    group: list[dict[str, Any]] = []
+    p50s: list[float] = []
     per_seg: dict[int, dict[str, int]] = {s["id"]: {"issued": 0, "done": 0} for s in segments}
     totals = {"issued": 0, "ok": 0, "errors": 0, "timeouts": 0}
     for w in store.rows("windows"):
@@ -107,12 +120,19 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
             },
             "samples": w["samples"],
         }
-        windows.append(entry)
+        if entry["warm"] and entry["p50"] is not None and entry["samples"] >= MIN_WINDOW_SAMPLES:
+            p50s.append(entry["p50"])
+        group.append(entry)
+        if len(group) == stride:
+            windows.append(_merge(group))
+            group = []
         if w["hist"]:
             h = decode_histogram(w["hist"])
             overall.add(h)
             if entry["warm"]:
                 steady.add(h)
+    if group:
+        windows.append(_merge(group))
     lost = sum(
         per_seg[s["id"]]["issued"] - per_seg[s["id"]]["done"] for s in segments if s["ended_wall"] is not None
     )
@@ -130,9 +150,6 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
             events.append({"t": e["t"], "kind": e["kind"], "detail": e["detail"]})
 
     # -- jitter ---------------------------------------------------------------------------------------
-    p50s = [
-        w["p50"] for w in windows if w["warm"] and w["p50"] is not None and w["samples"] >= MIN_WINDOW_SAMPLES
-    ]
     steady_p = _pcts(steady)
     jitter = {
         "definition": "±(max - min)/2 of per-window p50 after warm-up",
@@ -144,9 +161,7 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     }
 
     # -- memory series and leak fits ------------------------------------------------------------------
-    series: dict[str, dict[int, tuple[list[float], list[float]]]] = {
-        k: {} for k in (*LEAK_SERIES, "fds", "threads")
-    }
+    series: dict[str, dict[int, tuple[list[float], list[float]]]] = {k: {} for k in LEAK_SERIES}
     frag_ts, frag_vals, entropy_vals, batches = [], [], [], {}
     fallbacks_by_seg: dict[int, list[int]] = {}
     backends: list[str] = []
@@ -155,19 +170,20 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     n_samples = 0
     for s in store.rows("samples"):
         n_samples += 1
-        for k in series:
+        for k in (*LEAK_SERIES, "fds", "threads"):
             if s[k] is not None:
-                series[k].setdefault(s["segment"], ([], []))
-                if k in ("fds", "threads") or warmed(s["segment"], s["t"]):
-                    series[k][s["segment"]][0].append(s["t"])
-                    series[k][s["segment"]][1].append(float(s[k]))
                 first_last.setdefault(k, [s[k], s[k]])[1] = s[k]
+                if k in series and warmed(s["segment"], s["t"]):
+                    ts, ys = series[k].setdefault(s["segment"], ([], []))
+                    ts.append(s["t"])
+                    ys.append(float(s[k]))
         if s["pool_fragmentation"] is not None:
             frag_ts.append(s["t"])
             frag_vals.append(s["pool_fragmentation"])
             entropy_vals.append(s["pool_entropy"])
-        if s["fallbacks"] is not None:
-            fallbacks_by_seg.setdefault(s["segment"], []).append(int(s["fallbacks"]))
+        if s["fallbacks"] is not None:  # per segment: [first, max]
+            fb = fallbacks_by_seg.setdefault(s["segment"], [int(s["fallbacks"])] * 2)
+            fb[1] = max(fb[1], int(s["fallbacks"]))
         if s["batches"] is not None and warmed(s["segment"], s["t"]):
             batches.setdefault(s["segment"], ([], []))
             batches[s["segment"]][0].append(s["t"])
@@ -188,7 +204,7 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
             leak[k] = {**head, "per_segment": list(fits.values())}
     batch_fits = [f for f in (_fit(*v) for v in batches.values()) if f is not None]
     in_process = config.url is None
-    fallbacks = sum((max(v) - (0 if in_process else v[0])) for v in fallbacks_by_seg.values() if v)
+    fallbacks = sum(v[1] - (0 if in_process else v[0]) for v in fallbacks_by_seg.values())
     fragmentation = None
     if frag_vals:
         tail = frag_vals[-max(1, len(frag_vals) // 10) :]
@@ -255,9 +271,34 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
         },
         "events": events,
         "windows": windows,
+        "windows_stride": stride,
     }
     report["verdict"] = verdict(report, th)
     return report
+
+
+def _merge(group: list[dict[str, Any]]) -> dict[str, Any]:
+    """Consecutive windows as one: medians of p50, maxima of the upper percentiles, summed counts."""
+    if len(group) == 1:
+        return group[0]
+    span = max(group[-1]["t1"] - group[0]["t0"], 1e-9)
+    p50s = sorted(w["p50"] for w in group if w["p50"] is not None)
+
+    def top(key: str) -> float | None:
+        vals = [w[key] for w in group if w[key] is not None]
+        return max(vals) if vals else None
+
+    return {
+        "t0": group[0]["t0"],
+        "t1": group[-1]["t1"],
+        "segment": group[-1]["segment"],
+        "rps": sum(w["rps"] * (w["t1"] - w["t0"]) for w in group) / span,
+        "errors": sum(w["errors"] for w in group),
+        "warm": all(w["warm"] for w in group),
+        "p50": p50s[len(p50s) // 2] if p50s else None,
+        **{k: top(k) for k in ("p90", "p99", "p999", "max")},
+        "samples": sum(w["samples"] for w in group),
+    }
 
 
 def _throughput(windows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -18,8 +18,8 @@ from veo_edge.soak.load import decode_histogram
 from veo_edge.soak.store import RunStore
 from veo_edge.soak.units import format_duration
 
-#: report.json keeps at most this many windows (every k-th one beyond, k in "windows_stride")
-MAX_JSON_WINDOWS = 2000
+#: points per plotted memory series (every k-th sample of longer runs)
+MAX_PLOT_SAMPLES = 5000
 PLOTS = ("latency.png", "memory.png", "histogram.png", "throughput.png", "fragmentation.png")
 
 
@@ -32,10 +32,6 @@ def write_report(run_dir: Path, thresholds: Thresholds | None = None) -> dict[st
         plots = _plots(store, report, run_dir)
     finally:
         store.close()
-    windows = report.pop("windows")
-    stride = max(1, -(-len(windows) // MAX_JSON_WINDOWS))
-    report["windows"] = windows[::stride]
-    report["windows_stride"] = stride
     report["plots"] = plots
     _atomic(run_dir / "report.json", json.dumps(report, indent=2, default=str) + "\n")
     _atomic(run_dir / "report.md", markdown(report))
@@ -98,7 +94,7 @@ def _plots(store: RunStore, report: dict[str, Any], run_dir: Path) -> list[str]:
     save(fig, "latency.png")
 
     # memory over time with the fitted trends
-    samples = list(store.rows("samples"))
+    samples = list(store.rows_strided("samples", MAX_PLOT_SAMPLES))
     fig, ax = plt.subplots(figsize=(9, 4))
     mib = 1 << 20
     for key, label in (

@@ -234,6 +234,18 @@ class RunStore:
         for values in cur:
             yield dict(zip(names, values, strict=True))
 
+    def count(self, table: str) -> int:
+        if table not in ("windows", "samples", "events", "segments"):
+            raise ValueError(table)
+        return int(self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+
+    def rows_strided(self, table: str, limit: int) -> Iterator[dict[str, Any]]:
+        """Every k-th row, so that at most about ``limit`` come back (for plots of long runs)."""
+        stride = max(1, -(-self.count(table) // limit))
+        for i, row in enumerate(self.rows(table)):
+            if i % stride == 0:
+                yield row
+
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.path.glob(f"{DB_NAME}*") if p.is_file())
 
