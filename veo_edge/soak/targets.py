@@ -151,11 +151,17 @@ class HttpTarget:
         return conn
 
     def _request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+        reused = getattr(self._local, "conn", None) is not None
         conn = self._conn()
         try:
             conn.request(method, path, body=body, headers=headers or {})
             resp = conn.getresponse()
             data = resp.read()
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
+            self._drop()
+            if reused:  # the server closed an idle keep-alive connection: once more on a new one
+                return self._request(method, path, body, headers)
+            raise RequestError(f"{method} {path}: {type(e).__name__}: {e}") from e
         except TimeoutError as e:
             self._drop()
             raise RequestTimeout(f"{method} {path}: no answer within {self.timeout_s} s") from e
