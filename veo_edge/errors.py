@@ -85,40 +85,44 @@ class NoBackendError(BackendUnavailableError):
 class DeployError(VeoEdgeError):
     """Shipping an image to a device or a fleet failed (``veo-edge deploy``)."""
 
-    exit_code = 30
+    exit_code = 40
 
 
 class EngineUnreachableError(DeployError):
     """The target's Docker engine does not answer, or the address is not a Docker engine address."""
 
-    exit_code = 31
+    exit_code = 41
 
 
 class InsecureEngineError(DeployError):
     """A plain ``tcp://`` engine address without TLS: refused, as it hands root on the device to the network."""
 
-    exit_code = 32
+    exit_code = 42
 
 
 class UnhealthyReleaseError(DeployError):
     """The new release never became healthy; it was removed and the previous release restored."""
 
-    exit_code = 33
+    exit_code = 43
 
 
 class DeployPendingError(DeployError):
     """The orchestrator accepted the release but cannot place it (no node satisfies its constraints)."""
 
-    exit_code = 34
+    exit_code = 44
 
 
 class RollbackFailedError(DeployError):
     """Restoring the previous release failed too: the device serves nothing; act now."""
 
-    exit_code = 35
+    exit_code = 45
 
 
 class AccuracyGuardError(VeoEdgeError):
     """A reduced CPU precision (bf16, int8) loses more accuracy against FP32 than the build allows."""
 
     exit_code = 14
+class RunDirError(VeoEdgeError):
+    """A soak run directory is missing, not empty, foreign, corrupt or already complete."""
+
+    exit_code = 31

@@ -450,4 +450,18 @@ std::string MemPool::checkInvariants() const
     return err.str();
 }
 
+std::vector<std::size_t> MemPool::freeBlockSizes() const
+{
+    std::lock_guard<std::mutex> lock(mMutex);
+    std::vector<std::size_t> sizes;
+    for (auto const& [addr, block] : mBlocks)
+    {
+        if (block.free)
+        {
+            sizes.push_back(block.size);
+        }
+    }
+    return sizes;
+}
+
 } // namespace veo

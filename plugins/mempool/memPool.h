@@ -140,6 +140,9 @@ public:
     //! Size of the slice at `ptr` (as allocated, aligned), or throws kUNKNOWN_POINTER.
     std::size_t sliceSize(void const* ptr) const;
     PoolStats stats() const;
+    //! Sizes of the free blocks, in address order: the fragmentation picture behind largestFree (the
+    //! soak's free-block entropy). Blocks freed on a stream count once reclaimed, as in stats().
+    std::vector<std::size_t> freeBlockSizes() const;
     //! With overflow disabled, exhaustion throws kOUT_OF_MEMORY instead of growing (= setOverflowLimit(0));
     //! enabling it restores the default limit (the initial capacity).
     void setOverflowAllowed(bool allowed);

@@ -73,6 +73,11 @@ VEO_MEMPOOL_API int veo_mempool_free_async(veo_mempool* pool, void* ptr, void* s
 /* ABI 2. Most bytes the overflow regions may hold at once (default: the capacity; 0 = no overflow). */
 VEO_MEMPOOL_API int veo_mempool_set_overflow_limit(veo_mempool* pool, uint64_t bytes);
 VEO_MEMPOOL_API int veo_mempool_get_stats(veo_mempool* pool, veo_mempool_stats* out);
+/* Sizes of the free blocks in address order (added in ABI 1 without a bump: a new function only).
+ * Writes min(capacity, total) sizes into `sizes` (may be NULL when capacity is 0) and the total number
+ * of free blocks into `*count`; call with capacity 0 first to size the buffer. */
+VEO_MEMPOOL_API int veo_mempool_free_blocks(veo_mempool* pool, uint64_t* sizes, uint64_t capacity,
+    uint64_t* count);
 /* Empty string when the pool's internal invariants hold, else what is wrong (for tests). */
 VEO_MEMPOOL_API int veo_mempool_check(veo_mempool* pool, char* buf, uint64_t buf_len);
 VEO_MEMPOOL_API const char* veo_mempool_last_error(void);

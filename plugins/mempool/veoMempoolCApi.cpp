@@ -5,6 +5,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <vector>
 
 struct veo_mempool
 {
@@ -161,6 +162,27 @@ int veo_mempool_get_stats(veo_mempool* pool, veo_mempool_stats* out)
         *out = veo_mempool_stats{s.capacity, s.inUse, s.peakInUse, s.pendingFree, s.largestFree, s.totalFree,
             s.fragmentation, s.allocCount, s.freeCount, s.overflowCount, s.regionCount, s.overflowBytes,
             s.overflowLimit, s.overflowReleased, s.fenceWaits};
+    });
+}
+
+int veo_mempool_free_blocks(veo_mempool* pool, uint64_t* sizes, uint64_t capacity, uint64_t* count)
+{
+    if (pool == nullptr)
+    {
+        return nullPool();
+    }
+    if (count == nullptr || (sizes == nullptr && capacity != 0))
+    {
+        return fail(VEO_MEMPOOL_INVALID_ARGUMENT,
+            "veo_mempool_free_blocks: count is NULL, or sizes is NULL with capacity > 0; pass both");
+    }
+    return guarded([&] {
+        std::vector<std::size_t> const blocks = pool->pool->freeBlockSizes();
+        *count = blocks.size();
+        for (std::size_t i = 0; i < blocks.size() && i < capacity; ++i)
+        {
+            sizes[i] = blocks[i];
+        }
     });
 }
 

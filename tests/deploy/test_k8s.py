@@ -82,7 +82,7 @@ def test_cli_renders_one_workload_per_device_class_with_a_kustomization(tmp_path
     r = veo(
         "deploy", "reg/vit:orin", "--k8s", tmp_path / "k2", env={"DOCKER_HOST": "unix:///nonexistent.sock"}
     )
-    assert r.returncode == 31 and "no local Docker engine answers" in r.stderr
+    assert r.returncode == 41 and "no local Docker engine answers" in r.stderr
     assert not (tmp_path / "k2").exists()
     r = veo("deploy", "reg/vit:x", "--k8s", tmp_path / "k3", "--target", "tpu")
     assert r.returncode == 2 and "unknown target 'tpu'" in r.stderr

@@ -44,6 +44,8 @@ def test_specs_parse_from_dict_json_and_env(monkeypatch: pytest.MonkeyPatch) -> 
             r"error='segfault' .* choose one of: oom, device_lost, backend",
         ),
         ({"openvino": 3}, r"fault spec for 'openvino' is a int, expected an object"),
+        ({"openvino": {"leak_bytes_per_call": -1}}, r"leak_bytes_per_call=-1 .* expected an integer >= 0"),
+        ({"openvino": {"leak_bytes_per_call": 1.5}}, r"leak_bytes_per_call=1.5 .* expected an integer >= 0"),
         ("{nope", r"faults is not valid JSON"),
     ],
 )
@@ -79,3 +81,19 @@ def test_faulty_runner_wraps_a_real_runner(nano_build: Path) -> None:
     plain = FaultyRunner(cpu_runner(build, "onnxruntime"), FaultSpec(every_nth=1, error="backend"))
     with plain, pytest.raises(InjectedBackendError, match=r"injected fault on call 1 \(every_nth=1\)"):
         plain.infer(x)
+
+
+def test_planted_leak_keeps_n_bytes_per_call_and_still_answers(nano_build: Path) -> None:
+    build = BuildDir.open(nano_build)
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    assert parse_faults({"onnxruntime": {"leak_bytes_per_call": 4096}}, BACKENDS) == {
+        "onnxruntime": FaultSpec(leak_bytes_per_call=4096)
+    }
+    with cpu_runner(build, "onnxruntime") as real:
+        want = real.infer(x)["logits"]
+    runner = FaultyRunner(cpu_runner(build, "onnxruntime"), FaultSpec(leak_bytes_per_call=4096))
+    with runner:
+        for _ in range(3):
+            np.testing.assert_array_equal(runner.infer(x)["logits"], want)
+    assert [a.nbytes for a in runner.leaked] == [4096] * 3 and runner.injected == 0
+    assert all(int(a.min()) == int(a.max()) == 0x5A for a in runner.leaked)  # written: resident

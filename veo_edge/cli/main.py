@@ -7,7 +7,7 @@ import sys
 import typer
 
 from veo_edge import __version__
-from veo_edge.cli import build, deploy, doctor, engine, healthcheck, infer, inspect, serve
+from veo_edge.cli import build, deploy, doctor, engine, healthcheck, infer, inspect, serve, soak
 from veo_edge.cli._common import State, console
 
 app = typer.Typer(
@@ -44,6 +44,7 @@ serve.register(app)
 healthcheck.register(app)
 inspect.register(app)
 deploy.register(app)
+soak.register(app)
 
 #: exit code for a bug in veo-edge itself (sysexits' EX_SOFTWARE)
 INTERNAL_ERROR = 70

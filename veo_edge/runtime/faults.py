@@ -18,6 +18,9 @@ Spec keys (all optional):
     calls N, 2N, 3N ... fail (a transient fault).
 ``slow_ms`` (float)
     every call sleeps this long before running.
+``leak_bytes_per_call`` (int N)
+    every call keeps N more bytes alive (written, so resident) for as long as the runner lives: a planted
+    leak of a known rate, for ``veo-edge soak`` to find.
 ``error`` ("oom" | "device_lost" | "backend", default "oom")
     what an injected failure raises: :class:`InjectedOutOfMemoryError` (a
     :class:`~veo_edge.errors.CudaOutOfMemoryError`, the class the TensorRT path raises for a real CUDA
@@ -70,6 +73,7 @@ class FaultSpec:
     oom_after: int | None = None
     every_nth: int | None = None
     slow_ms: float = 0.0
+    leak_bytes_per_call: int = 0
     error: str = "oom"
 
     @classmethod
@@ -95,6 +99,12 @@ class FaultSpec:
                     f"fault option {key}={v!r} for {backend!r} is invalid; expected an integer "
                     f">= {0 if key == 'oom_after' else 1}"
                 )
+        leak = spec.leak_bytes_per_call
+        if not isinstance(leak, int) or isinstance(leak, bool) or leak < 0:
+            raise UsageError(
+                f"fault option leak_bytes_per_call={leak!r} for {backend!r} is invalid; expected an integer "
+                ">= 0 (bytes kept alive per call)"
+            )
         if not isinstance(spec.slow_ms, int | float) or spec.slow_ms < 0:
             raise UsageError(f"fault option slow_ms={spec.slow_ms!r} for {backend!r} must be a number >= 0")
         if spec.error not in _ERRORS:
@@ -105,7 +115,13 @@ class FaultSpec:
 
     @property
     def active(self) -> bool:
-        return bool(self.fail_at_start or self.oom_after is not None or self.every_nth or self.slow_ms)
+        return bool(
+            self.fail_at_start
+            or self.oom_after is not None
+            or self.every_nth
+            or self.slow_ms
+            or self.leak_bytes_per_call
+        )
 
     def fails_call(self, n: int) -> bool:
         """Whether call number ``n`` (1-based) fails."""
@@ -164,6 +180,7 @@ class FaultyRunner(Runner):
         self.label = label or inner.name
         self.calls = 0
         self.injected = 0
+        self.leaked: list[np.ndarray] = []  # leak_bytes_per_call: kept alive as long as the runner
         self._lock = threading.Lock()
 
     def _activate(self) -> None:
@@ -188,6 +205,8 @@ class FaultyRunner(Runner):
         with self._lock:
             self.calls += 1
             n = self.calls
+            if self.spec.leak_bytes_per_call:  # np.full writes every page: the leak is resident
+                self.leaked.append(np.full(self.spec.leak_bytes_per_call, 0x5A, dtype=np.uint8))
         if self.spec.slow_ms:
             time.sleep(self.spec.slow_ms / 1e3)
         if self.spec.fails_call(n):

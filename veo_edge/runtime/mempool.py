@@ -129,6 +129,9 @@ def _load(path: Path) -> ctypes.CDLL:
         *("alloc_async", "free_async", "set_overflow_limit"),
     ):
         getattr(lib, f"veo_mempool_{fn}").restype = c_int
+    if hasattr(lib, "veo_mempool_free_blocks"):  # newer than some libraries built before it
+        lib.veo_mempool_free_blocks.argtypes = [vp, ctypes.POINTER(u64), u64, ctypes.POINTER(u64)]
+        lib.veo_mempool_free_blocks.restype = c_int
     got = lib.veo_mempool_abi_version()
     if got != ABI_VERSION:
         raise BackendUnavailableError(
@@ -216,6 +219,21 @@ class MemPool:
         raw = _Stats()
         self._check(self._lib.veo_mempool_get_stats(self._live(), ctypes.byref(raw)))
         return PoolStats(**{name: getattr(raw, name) for name, _ in _Stats._fields_})
+
+    def free_blocks(self) -> list[int]:
+        """Sizes of the free blocks in address order (what fragmentation metrics are computed from)."""
+        if not hasattr(self._lib, "veo_mempool_free_blocks"):
+            raise BackendUnavailableError(
+                f"{self.library} predates veo_mempool_free_blocks; rebuild it with `make plugins`"
+            )
+        count = ctypes.c_uint64()
+        while True:
+            self._check(self._lib.veo_mempool_free_blocks(self._live(), None, 0, ctypes.byref(count)))
+            n = count.value
+            buf = (ctypes.c_uint64 * max(n, 1))()
+            self._check(self._lib.veo_mempool_free_blocks(self._live(), buf, n, ctypes.byref(count)))
+            if count.value <= n:  # no other thread added blocks between the two calls
+                return [int(v) for v in buf[: count.value]]
 
     def check(self) -> str:
         """Empty when the pool's internal invariants hold, else what is wrong (for tests)."""

@@ -499,7 +499,11 @@ class TensorRtRunner(Runner):
         pool = self._state.get("pool")
         if pool is None:
             return None
-        return {**asdict(pool.stats()), "reservation_factor": self.config.pool_factor}
+        return {
+            **asdict(pool.stats()),
+            "reservation_factor": self.config.pool_factor,
+            "free_blocks": pool.free_blocks(),  # the soak's fragmentation
+        }
 
     def describe(self) -> dict[str, Any]:
         trt = _trt()

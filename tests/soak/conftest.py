@@ -1,0 +1,81 @@
+"""Soak test helpers: the built memory pool library, and a `veo-edge serve` subprocess on a free port."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from veo_edge import nativelib
+from veo_edge.runtime import mempool
+
+
+@pytest.fixture(scope="session")
+def pool_lib() -> Path:
+    lib = nativelib.DEFAULT_BUILD_DIR / mempool.LIB_NAME
+    if not lib.is_file():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{lib} is missing; CI must build it (`make plugins`)")
+        pytest.skip(f"{lib} is missing; run `make plugins`")
+    return lib
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ready(port: int) -> bool:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", "/v2/health/ready")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    """Factory: ``server(build, env=...)`` starts `veo-edge serve` on a free loopback port and returns its
+    URL once ready; every server is stopped by PID (SIGTERM) at teardown. Only the protocol is used."""
+    procs: list[subprocess.Popen] = []
+
+    def _start(build: Path, env: dict | None = None) -> str:
+        port = _free_port()
+        log = open(tmp_path / f"serve-{len(procs)}.log", "w")  # noqa: SIM115 - the child's log
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "veo_edge.cli.main", "serve", str(build), "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+        log.close()
+        procs.append(proc)
+        deadline = time.monotonic() + 90
+        while not _ready(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"veo-edge serve did not get ready:\n{(tmp_path / 'serve-0.log').read_text()}"
+                )
+            time.sleep(0.1)
+        return f"http://127.0.0.1:{port}"
+
+    yield _start
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(10)

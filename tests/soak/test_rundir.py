@@ -1,0 +1,110 @@
+"""Clear errors for bad input: a missing, foreign, corrupt or non-empty run directory, bad durations,
+contradictory options; `soak report` thresholds decide the exit code."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from veo_edge.cli.main import main
+from veo_edge.errors import RunDirError, UsageError
+from veo_edge.soak.config import SoakConfig
+from veo_edge.soak.store import RunStore
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+    captured = capsys.readouterr()
+    return exc.value.code, captured.out + captured.err
+
+
+def test_missing_run_dir(tmp_path: Path):
+    with pytest.raises(
+        RunDirError, match=r"run directory .*nope does not exist; give the --out of a `veo-edge soak` run"
+    ):
+        RunStore.open(tmp_path / "nope")
+
+
+def test_not_a_run_dir(tmp_path: Path):
+    with pytest.raises(RunDirError, match=r"is not a soak run directory \(no soak.db\)"):
+        RunStore.open(tmp_path)
+
+
+def test_corrupt_database(tmp_path: Path):
+    (tmp_path / "soak.db").write_bytes(b"this is not sqlite at all" * 100)
+    with pytest.raises(RunDirError, match=r"soak.db is corrupt or not a veo-edge soak database"):
+        RunStore.open(tmp_path)
+
+
+def test_foreign_sqlite_database(tmp_path: Path):
+    conn = sqlite3.connect(tmp_path / "soak.db")
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    conn.execute("INSERT INTO meta VALUES ('format', '\"something-else\"')")
+    conn.commit()
+    conn.close()
+    with pytest.raises(
+        RunDirError, match=r"is an SQLite database of something else \(format 'something-else'"
+    ):
+        RunStore.open(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    conn = sqlite3.connect(other / "soak.db")
+    conn.execute("CREATE TABLE songs (title TEXT)")
+    conn.close()
+    with pytest.raises(RunDirError, match=r"corrupt or not a veo-edge soak database \(no such table: meta\)"):
+        RunStore.open(other)
+
+
+def test_out_must_be_new_or_empty(tmp_path: Path):
+    (tmp_path / "x.txt").write_text("keep me")
+    config = SoakConfig(duration_s=1, url="http://127.0.0.1:1")
+    with pytest.raises(RunDirError, match=r"is not empty; a soak writes into a new directory \(choose a new"):
+        RunStore.create(tmp_path, config.to_dict())
+    assert (tmp_path / "x.txt").read_text() == "keep me"
+
+
+def test_config_errors():
+    with pytest.raises(UsageError, match=r"give a BUILD_DIR \(in-process\) or --url URL"):
+        SoakConfig(duration_s=1)
+    with pytest.raises(UsageError, match=r"--rate \(open loop\) and --concurrency \(closed loop\) exclude"):
+        SoakConfig(duration_s=1, url="http://h:1", rate=5, concurrency=2)
+    with pytest.raises(UsageError, match=r"--chaos injects faults into the runtime in this process"):
+        SoakConfig(duration_s=1, url="http://h:1", chaos={"*": {"every_nth": 2}})
+    with pytest.raises(UsageError, match=r"--batch 0 must be >= 1"):
+        SoakConfig(duration_s=1, url="http://h:1", batch=0)
+
+
+def test_cli_errors_are_one_line_with_distinct_codes(capsys, tmp_path: Path, nano_build: Path):
+    code, out = _cli(capsys, "soak", str(nano_build), "--duration", "10x", "--out", str(tmp_path / "r"))
+    assert code == 2 and "--duration '10x' is not a duration; expected a number and a unit" in out
+    assert not (tmp_path / "r").exists()
+    code, out = _cli(capsys, "soak", "report", str(tmp_path / "missing"))
+    assert code == 31 and "does not exist" in out
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "soak.db").write_bytes(b"\0" * 4096)
+    code, out = _cli(capsys, "soak", "--resume", str(tmp_path / "bad"))
+    assert code == 31 and "corrupt or not a veo-edge soak database" in out
+    code, out = _cli(
+        capsys, "soak", str(nano_build), "--duration", "5s", "--chaos", '{"onnxruntime": {"every": 2}}'
+    )
+    assert code == 2 and "unknown fault option(s) ['every']" in out
+    code, out = _cli(capsys, "soak", "--resume", str(tmp_path / "bad"), "--duration", "5s")
+    assert code == 2 and "--resume continues a run with its own settings; drop --duration" in out
+    code, out = _cli(capsys, "soak", str(tmp_path), "--duration", "5s", "--out", str(tmp_path / "r"))
+    assert code == 7 and not (tmp_path / "r").exists()  # not a build directory: BuildDirError
+
+
+def test_unreachable_server_leaves_no_run_dir(capsys, tmp_path: Path):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, out = _cli(
+        capsys, "soak", "--url", f"http://127.0.0.1:{port}", "--duration", "5s", "--out", str(tmp_path / "r")
+    )
+    assert code == 2 and "cannot reach the server at" in out and "start it with `veo-edge serve`" in out
+    assert not (tmp_path / "r").exists()

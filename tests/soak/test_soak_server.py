@@ -1,0 +1,51 @@
+"""A 30-second soak against a real `veo-edge serve` over HTTP (KServe v2 binary tensors, /metrics):
+a complete report with plots, the server's own memory fitted; `soak report` re-judges with other
+thresholds and its exit code follows the verdict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from veo_edge.cli.main import main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _cli(*argv: str) -> int:
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+    return exc.value.code
+
+
+def test_soak_against_a_server(nano_build: Path, server, tmp_path: Path, capsys):
+    url = server(nano_build)
+    run = tmp_path / "run"
+    args = ["soak", "--url", url, "--duration", "30s", "--rate", "20", "--out", str(run), "--no-live"]
+    code = _cli(*args, "--max-jitter-ms", "1e6", "--leak-floor", "1G")
+    out = capsys.readouterr().out
+    report = json.loads((run / "report.json").read_text())
+    assert code == (0 if report["verdict"]["pass"] else 30), out
+    assert report["run"]["kind"] == "http" and report["run"]["status"] == "complete"
+    req = report["requests"]
+    assert req["issued"] == req["ok"] > 0 and req["errors"] == req["lost"] == 0, req["first_errors"]
+    for name in ("latency.png", "memory.png", "histogram.png", "throughput.png"):
+        assert (run / name).read_bytes()[:8] == PNG
+    # memory is the server's, from /metrics (process_resident_memory_bytes), not this client's
+    fit = report["leak"]["rss"]
+    assert fit["samples"] >= 20
+    assert "uss" not in report["leak"]  # the server's USS is not exported
+    assert report["fallbacks"] == {"switches": 0, "recoveries": 0, "backends": ["openvino"]}
+    assert report["batches_per_hour"] > 0  # nv_inference_exec_count moved
+    assert report["latency_ms"]["overall"]["count"] == req["ok"]
+
+    # re-judge: the same data against an impossible jitter target fails, a lenient one passes
+    assert _cli("soak", "report", str(run), "--max-jitter-ms", "0", "--leak-floor", "1T") == 30
+    strict = json.loads((run / "report.json").read_text())
+    assert {c["name"]: c["pass"] for c in strict["verdict"]["checks"]}["jitter"] is False
+    capsys.readouterr()
+    assert _cli("soak", "report", str(run), "--json", "--max-jitter-ms", "1e9", "--leak-floor", "1T") == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["verdict"]["pass"] is True and "windows" not in summary

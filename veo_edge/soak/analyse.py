@@ -1,0 +1,395 @@
+"""From a run directory's database to numbers and a verdict (``report.json``'s content).
+
+Definitions (the README's "Soak" section states the same):
+
+- **Warm-up**: the first ``warmup_s`` of every segment (each ``--resume`` starts a fresh process) is
+  left out of jitter, tail and leak fits; it is still counted for errors and lost requests.
+- **Jitter** (±ms): half the range of the per-window p50 latencies after warm-up,
+  ``±(max_w p50_w − min_w p50_w) / 2``, over windows with at least ``MIN_WINDOW_SAMPLES`` answers.
+- **Tail** (ms): ``p99 − p50`` of all answers after warm-up.
+- **Leak rate** (bytes/hour): the Theil–Sen slope of a memory series against time after warm-up, with
+  its 95 % confidence interval (``scipy.stats.theilslopes``), per segment; the headline is the longest
+  segment. It passes when the interval contains 0 or its upper end is below the floor.
+- **Lost**: requests issued but never answered, in segments that ended cleanly (a SIGKILLed segment's
+  in-flight requests are counted apart, as ``in_flight_when_killed``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from veo_edge.soak.config import SoakConfig, Thresholds
+from veo_edge.soak.load import decode_histogram, new_histogram
+from veo_edge.soak.store import RunStore
+
+REPORT_FORMAT = "veo-edge-soak-report"
+REPORT_VERSION = 1
+MIN_WINDOW_SAMPLES = 10
+MIN_FIT_SAMPLES = 8
+#: Theil–Sen is O(n²): longer series are fitted on this many points (medians of equal-count bins)
+MAX_FIT_POINTS = 1000
+#: per-window detail kept in the report (consecutive windows merged beyond: see ``windows_stride``)
+MAX_WINDOWS_KEPT = 2000
+LEAK_SERIES = ("rss", "uss", "gpu_used", "pool_in_use")
+
+
+def _pcts(h) -> dict[str, float] | None:
+    if h.get_total_count() == 0:
+        return None
+    ms = 1e-3
+    return {
+        "count": h.get_total_count(),
+        "p50": h.get_value_at_percentile(50.0) * ms,
+        "p90": h.get_value_at_percentile(90.0) * ms,
+        "p99": h.get_value_at_percentile(99.0) * ms,
+        "p999": h.get_value_at_percentile(99.9) * ms,
+        "max": h.get_max_value() * ms,
+        "min": h.get_min_value() * ms,
+        "mean": h.get_mean_value() * ms,
+    }
+
+
+def _fit(ts: list[float], ys: list[float]) -> dict[str, Any] | None:
+    """Theil–Sen slope (per hour) with its 95 % interval; on bin medians above ``MAX_FIT_POINTS``."""
+    if len(ts) < MIN_FIT_SAMPLES or max(ts) - min(ts) <= 0:
+        return None
+    import numpy as np
+    from scipy.stats import theilslopes
+
+    t, y = np.asarray(ts, dtype=float), np.asarray(ys, dtype=float)
+    if len(t) > MAX_FIT_POINTS:
+        bins = np.array_split(np.arange(len(t)), MAX_FIT_POINTS)
+        t = np.array([np.median(t[b]) for b in bins])
+        y = np.array([np.median(y[b]) for b in bins])
+    slope, intercept, low, high = theilslopes(y, t / 3600.0, alpha=0.95)
+    return {
+        "bytes_per_hour": float(slope),
+        "low": float(low),
+        "high": float(high),
+        "intercept": float(intercept),
+        "samples": len(ts),
+        "fit_points": len(t),
+        "span_s": max(ts) - min(ts),
+    }
+
+
+def _segments(store: RunStore) -> list[dict[str, Any]]:
+    segs = list(store.rows("segments"))
+    for i, seg in enumerate(segs):
+        seg["end_s"] = segs[i + 1]["offset_s"] if i + 1 < len(segs) else None
+    return segs
+
+
+def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, Any]:
+    meta = store.meta()
+    config = SoakConfig.from_dict(meta["config"])
+    th = thresholds or config.thresholds
+    warm = config.warmup
+    segments = _segments(store)
+    seg_by_id = {s["id"]: s for s in segments}
+
+    def warmed(seg_id: int, t: float) -> bool:
+        return t >= seg_by_id[seg_id]["offset_s"] + warm
+
+    # -- requests and latency, window by window (one histogram in memory at a time) -----------------
+    overall, steady = new_histogram(), new_histogram()
+    windows: list[dict[str, Any]] = []
+    stride = max(1, -(-store.count("windows") // MAX_WINDOWS_KEPT))
+    group: list[dict[str, Any]] = []
+    p50s: list[float] = []
+    per_seg: dict[int, dict[str, int]] = {s["id"]: {"issued": 0, "done": 0} for s in segments}
+    totals = {"issued": 0, "ok": 0, "errors": 0, "timeouts": 0}
+    for w in store.rows("windows"):
+        for k in totals:
+            totals[k] += w[k]
+        per_seg[w["segment"]]["issued"] += w["issued"]
+        per_seg[w["segment"]]["done"] += w["ok"] + w["errors"] + w["timeouts"]
+        span = max(w["t1"] - w["t0"], 1e-9)
+        entry = {
+            "t0": w["t0"],
+            "t1": w["t1"],
+            "segment": w["segment"],
+            "rps": w["ok"] / span,
+            "errors": w["errors"] + w["timeouts"],
+            "warm": warmed(w["segment"], w["t0"]),
+            **{
+                k: (w[f"{k}_us"] / 1e3 if w[f"{k}_us"] is not None else None)
+                for k in ("p50", "p90", "p99", "p999", "max")
+            },
+            "samples": w["samples"],
+        }
+        if entry["warm"] and entry["p50"] is not None and entry["samples"] >= MIN_WINDOW_SAMPLES:
+            p50s.append(entry["p50"])
+        group.append(entry)
+        if len(group) == stride:
+            windows.append(_merge(group))
+            group = []
+        if w["hist"]:
+            h = decode_histogram(w["hist"])
+            overall.add(h)
+            if entry["warm"]:
+                steady.add(h)
+    if group:
+        windows.append(_merge(group))
+    lost = sum(
+        per_seg[s["id"]]["issued"] - per_seg[s["id"]]["done"] for s in segments if s["ended_wall"] is not None
+    )
+    killed = [s for s in segments if s["ended_wall"] is None]
+    in_flight_killed = sum(per_seg[s["id"]]["issued"] - per_seg[s["id"]]["done"] for s in killed)
+    error_kinds: dict[str, int] = {}
+    first_errors: list[str] = []
+    events = []
+    for e in store.rows("events"):
+        if e["kind"] in ("error", "timeout", "backlog"):
+            error_kinds[e["kind"]] = error_kinds.get(e["kind"], 0) + 1
+            if len(first_errors) < 10:
+                first_errors.append(f"{e['t']:.1f}s {e['kind']}: {e['detail']}")
+        elif len(events) < 200:
+            events.append({"t": e["t"], "kind": e["kind"], "detail": e["detail"]})
+
+    # -- jitter ---------------------------------------------------------------------------------------
+    steady_p = _pcts(steady)
+    jitter = {
+        "definition": "±(max - min)/2 of per-window p50 after warm-up",
+        "windows": len(p50s),
+        "p50_min_ms": min(p50s) if p50s else None,
+        "p50_max_ms": max(p50s) if p50s else None,
+        "jitter_ms": (max(p50s) - min(p50s)) / 2 if p50s else None,
+        "tail_ms": (steady_p["p99"] - steady_p["p50"]) if steady_p else None,
+    }
+
+    # -- memory series and leak fits ------------------------------------------------------------------
+    series: dict[str, dict[int, tuple[list[float], list[float]]]] = {k: {} for k in LEAK_SERIES}
+    frag_ts, frag_vals, entropy_vals, batches = [], [], [], {}
+    fallbacks_by_seg: dict[int, list[int]] = {}
+    backends: list[str] = []
+    recoveries = 0
+    first_last: dict[str, list[Any]] = {}
+    n_samples = 0
+    for s in store.rows("samples"):
+        n_samples += 1
+        for k in (*LEAK_SERIES, "fds", "threads"):
+            if s[k] is not None:
+                first_last.setdefault(k, [s[k], s[k]])[1] = s[k]
+                if k in series and warmed(s["segment"], s["t"]):
+                    ts, ys = series[k].setdefault(s["segment"], ([], []))
+                    ts.append(s["t"])
+                    ys.append(float(s[k]))
+        if s["pool_fragmentation"] is not None:
+            frag_ts.append(s["t"])
+            frag_vals.append(s["pool_fragmentation"])
+            entropy_vals.append(s["pool_entropy"])
+        if s["fallbacks"] is not None:  # per segment: [first, max]
+            fb = fallbacks_by_seg.setdefault(s["segment"], [int(s["fallbacks"])] * 2)
+            fb[1] = max(fb[1], int(s["fallbacks"]))
+        if s["batches"] is not None and warmed(s["segment"], s["t"]):
+            batches.setdefault(s["segment"], ([], []))
+            batches[s["segment"]][0].append(s["t"])
+            batches[s["segment"]][1].append(float(s["batches"]))
+        if s["active_backend"] and s["active_backend"] not in backends:
+            backends.append(s["active_backend"])
+        if s["extra"]:
+            recoveries = max(recoveries, json.loads(s["extra"]).get("recoveries", 0) or 0)
+    leak: dict[str, Any] = {}
+    for k in LEAK_SERIES:
+        fits = {}
+        for seg_id, (ts, ys) in series[k].items():
+            f = _fit(ts, ys)
+            if f is not None:
+                fits[seg_id] = {**f, "segment": seg_id}
+        if fits:
+            head = max(fits.values(), key=lambda f: f["span_s"])
+            leak[k] = {**head, "per_segment": list(fits.values())}
+    batch_fits = [f for f in (_fit(*v) for v in batches.values()) if f is not None]
+    in_process = config.url is None
+    fallbacks = sum(v[1] - (0 if in_process else v[0]) for v in fallbacks_by_seg.values())
+    fragmentation = None
+    if frag_vals:
+        tail = frag_vals[-max(1, len(frag_vals) // 10) :]
+        ent_tail = [e for e in entropy_vals[-len(tail) :] if e is not None]
+        fragmentation = {
+            "final": sorted(tail)[len(tail) // 2],
+            "max": max(frag_vals),
+            "entropy_bits_final": sorted(ent_tail)[len(ent_tail) // 2] if ent_tail else None,
+            "samples": len(frag_vals),
+        }
+
+    recorded = store.recorded_until()
+    run = {
+        "run_dir": str(store.path),
+        "target": config.url or config.build_dir,
+        "kind": "http" if config.url else "in-process",
+        "mode": config.mode,
+        "batch": config.batch,
+        "planned_s": config.duration_s,
+        "recorded_s": recorded,
+        "warmup_s": warm,
+        "window_s": config.window_s,
+        "sample_interval_s": config.sample_s,
+        "status": meta.get("status"),
+        "chaos": config.chaos,
+        "segments": [
+            {
+                "id": s["id"],
+                "offset_s": s["offset_s"],
+                "end_reason": s["end_reason"] or "killed (no clean end)",
+                "in_flight_at_end": s["in_flight_at_end"],
+            }
+            for s in segments
+        ],
+    }
+    db_bytes = store.size_bytes()
+    report: dict[str, Any] = {
+        "format": REPORT_FORMAT,
+        "version": REPORT_VERSION,
+        "run": run,
+        "requests": {
+            **totals,
+            "lost": lost,
+            "in_flight_when_killed": in_flight_killed,
+            "samples_per_request": config.batch,
+            "error_kinds": error_kinds,
+            "first_errors": first_errors,
+        },
+        "latency_ms": {"overall": _pcts(overall), "after_warmup": steady_p},
+        "jitter": jitter,
+        "throughput": _throughput(windows),
+        "leak": leak,
+        "batches_per_hour": max(batch_fits, key=lambda f: f["span_s"])["bytes_per_hour"]
+        if batch_fits
+        else None,
+        "fallbacks": {"switches": fallbacks, "recoveries": recoveries, "backends": backends},
+        "fragmentation": fragmentation,
+        "resources": {k: {"first": v[0], "last": v[1]} for k, v in first_last.items()},
+        "disk": {
+            "db_bytes": db_bytes,
+            "bytes_per_hour": db_bytes / (recorded / 3600.0) if recorded > 0 else None,
+            "samples": n_samples,
+            "windows": len(windows),
+        },
+        "events": events,
+        "windows": windows,
+        "windows_stride": stride,
+    }
+    report["verdict"] = verdict(report, th)
+    return report
+
+
+def _merge(group: list[dict[str, Any]]) -> dict[str, Any]:
+    """Consecutive windows as one: medians of p50, maxima of the upper percentiles, summed counts."""
+    if len(group) == 1:
+        return group[0]
+    span = max(group[-1]["t1"] - group[0]["t0"], 1e-9)
+    p50s = sorted(w["p50"] for w in group if w["p50"] is not None)
+
+    def top(key: str) -> float | None:
+        vals = [w[key] for w in group if w[key] is not None]
+        return max(vals) if vals else None
+
+    return {
+        "t0": group[0]["t0"],
+        "t1": group[-1]["t1"],
+        "segment": group[-1]["segment"],
+        "rps": sum(w["rps"] * (w["t1"] - w["t0"]) for w in group) / span,
+        "errors": sum(w["errors"] for w in group),
+        "warm": all(w["warm"] for w in group),
+        "p50": p50s[len(p50s) // 2] if p50s else None,
+        **{k: top(k) for k in ("p90", "p99", "p999", "max")},
+        "samples": sum(w["samples"] for w in group),
+    }
+
+
+def _throughput(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    rps = [w["rps"] for w in windows if w["t1"] - w["t0"] > 0.5]
+    return {
+        "mean_rps": sum(rps) / len(rps) if rps else None,
+        "min_window_rps": min(rps) if rps else None,
+        "max_window_rps": max(rps) if rps else None,
+    }
+
+
+def verdict(report: dict[str, Any], th: Thresholds) -> dict[str, Any]:
+    """Each check: name, value, threshold, pass; the run passes when every check passes."""
+    checks = []
+
+    def check(name: str, value: Any, threshold: Any, ok: bool, detail: str) -> None:
+        checks.append(
+            {"name": name, "value": value, "threshold": threshold, "pass": bool(ok), "detail": detail}
+        )
+
+    run, req = report["run"], report["requests"]
+    check(
+        "duration",
+        run["recorded_s"],
+        run["planned_s"],
+        run["status"] == "complete" and run["recorded_s"] >= run["planned_s"] - 1e-6,
+        f"ran {run['recorded_s']:.1f} s of {run['planned_s']:.1f} s ({run['status']})",
+    )
+    errors = req["errors"] + req["timeouts"]
+    check(
+        "errors",
+        errors,
+        th.max_errors,
+        errors <= th.max_errors,
+        f"{req['errors']} errors, {req['timeouts']} timeouts",
+    )
+    check(
+        "lost",
+        req["lost"],
+        th.max_lost,
+        req["lost"] <= th.max_lost,
+        "issued but never answered (clean segments)",
+    )
+    j = report["jitter"]["jitter_ms"]
+    check(
+        "jitter",
+        j,
+        th.max_jitter_ms,
+        j is not None and j <= th.max_jitter_ms,
+        "no window after warm-up" if j is None else f"±{j:.3f} ms over {report['jitter']['windows']} windows",
+    )
+    tail = report["jitter"]["tail_ms"]
+    if th.max_tail_ms is not None:
+        check(
+            "tail",
+            tail,
+            th.max_tail_ms,
+            tail is not None and tail <= th.max_tail_ms,
+            "p99 - p50 after warm-up",
+        )
+    for name, fit in report["leak"].items():
+        for f in fit["per_segment"]:
+            contains_zero = f["low"] <= 0 <= f["high"]
+            under = f["high"] <= th.leak_floor_bytes_per_h
+            check(
+                f"leak:{name}" + (f":segment{f['segment']}" if len(fit["per_segment"]) > 1 else ""),
+                f["bytes_per_hour"],
+                th.leak_floor_bytes_per_h,
+                contains_zero or under,
+                f"{f['bytes_per_hour']:.4g} B/h, 95% CI [{f['low']:.4g}, {f['high']:.4g}]"
+                + (" contains 0" if contains_zero else (" under the floor" if under else " above the floor")),
+            )
+    if not report["leak"]:
+        check(
+            "leak",
+            None,
+            th.leak_floor_bytes_per_h,
+            False,
+            f"fewer than {MIN_FIT_SAMPLES} samples after warm-up in every segment; run longer, or lower "
+            "--sample-interval or --warmup",
+        )
+    frag = report["fragmentation"]
+    if frag is not None:
+        check(
+            "fragmentation",
+            frag["final"],
+            th.max_fragmentation,
+            frag["final"] <= th.max_fragmentation,
+            "pool 1 - largest_free/free at the end",
+        )
+    for c in checks:
+        if isinstance(c["value"], float) and not math.isfinite(c["value"]):
+            c["value"] = None
+    return {"pass": all(c["pass"] for c in checks), "checks": checks}

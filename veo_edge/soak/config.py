@@ -1,0 +1,119 @@
+"""What a soak run is asked to do, and the verdict's thresholds; stored in the run directory so that
+``--resume`` and ``soak report`` read the run's own settings."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from veo_edge.errors import UsageError
+
+MiB = 1 << 20
+#: import name -> distribution of what `veo-edge soak` needs (the `soak` extra)
+REQUIRED = {"hdrh": "hdrhistogram", "psutil": "psutil", "scipy": "scipy", "matplotlib": "matplotlib"}
+
+
+def require_dependencies(url: bool = False) -> None:
+    """A :class:`UsageError` naming what to install when the `soak` extra is missing."""
+    import importlib.util
+
+    needed = {**REQUIRED, **({"prometheus_client": "prometheus-client"} if url else {})}
+    missing = sorted(dist for mod, dist in needed.items() if importlib.util.find_spec(mod) is None)
+    if missing:
+        raise UsageError(
+            f"veo-edge soak needs {', '.join(missing)}, which are not installed; "
+            "install them with `pip install 'veo-edge[soak]'`"
+        )
+
+
+@dataclass
+class Thresholds:
+    """Verdict thresholds; the defaults are the design targets (a 72-hour run)."""
+
+    max_jitter_ms: float = 0.8  # ± half-range of per-window p50 after warm-up (README: jitter)
+    max_tail_ms: float | None = None  # p99 - p50 over the run after warm-up; None: reported only
+    leak_floor_bytes_per_h: float = 1 * MiB  # pass when the leak interval contains 0 or its top is below
+    max_errors: int = 0  # errors + timeouts
+    max_lost: int = 0  # issued but never answered (clean segments)
+    max_fragmentation: float = 0.5  # pool 1 - largest/free at the end (median of the last tenth)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> Thresholds:
+        raw = dict(raw or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise UsageError(f"unknown threshold(s) {unknown}; choose from: {', '.join(sorted(known))}")
+        return cls(**raw)
+
+
+@dataclass
+class SoakConfig:
+    duration_s: float
+    build_dir: str | None = None
+    url: str | None = None
+    model_name: str | None = None
+    rate: float | None = None
+    concurrency: int | None = None
+    batch: int = 1
+    window_s: float = 5.0
+    sample_s: float = 1.0
+    warmup_s: float | None = None  # None: 10 % of the duration, at most 10 minutes
+    timeout_s: float = 30.0
+    backend: str = "auto"
+    policy: list[str] | None = None
+    chaos: dict[str, Any] | None = None  # a fault-injection spec (VEO_EDGE_FAULTS form) for the runtime
+    recover_interval_s: float | None = None
+    threads: int | None = None
+    workers: int = 32
+    seed: int = 0
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+    def __post_init__(self) -> None:
+        if (self.build_dir is None) == (self.url is None):
+            raise UsageError(
+                "give a BUILD_DIR (in-process) or --url URL (a server), not both and not neither"
+            )
+        if self.rate is not None and self.concurrency is not None:
+            raise UsageError(
+                "--rate (open loop) and --concurrency (closed loop) exclude each other; pick one"
+            )
+        if self.rate is None and self.concurrency is None:
+            self.concurrency = 1
+        if self.rate is not None and not self.rate > 0:
+            raise UsageError(f"--rate {self.rate} must be > 0 requests per second")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise UsageError(f"--concurrency {self.concurrency} must be >= 1")
+        if self.batch < 1:
+            raise UsageError(f"--batch {self.batch} must be >= 1")
+        if not 0 < self.sample_s <= self.window_s:
+            raise UsageError(
+                f"--sample-interval {self.sample_s} s must be > 0 and at most the --window {self.window_s} s"
+            )
+        if self.url is not None and self.chaos:
+            raise UsageError(
+                "--chaos injects faults into the runtime in this process; against a server start it with "
+                "VEO_EDGE_FAULTS=... instead (the soak counts its fallbacks from /metrics)"
+            )
+        if isinstance(self.thresholds, dict):
+            self.thresholds = Thresholds.from_dict(self.thresholds)
+
+    @property
+    def warmup(self) -> float:
+        return self.warmup_s if self.warmup_s is not None else min(0.1 * self.duration_s, 600.0)
+
+    @property
+    def mode(self) -> str:
+        return (
+            f"open loop {self.rate:g} req/s"
+            if self.rate is not None
+            else f"closed loop {self.concurrency} clients"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> SoakConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})

@@ -1,0 +1,254 @@
+"""What a soak drives: the runtime in this process, or a server over the Open Inference Protocol.
+
+A target only needs ``open()`` (returns the input shape and dtype of one sample), ``call(batch)`` (one
+request; returns normally only for a complete, well-formed answer, else raises), ``observe()`` (counters
+and memory of the thing under test, for the sampler) and ``close()``. The soak never reaches further in:
+in-process it uses the public :class:`~veo_edge.Runtime` API, against a server only URLs (KServe v2 JSON
+with the binary tensor extension, ``/metrics``), so a server with another HTTP stack works unchanged;
+a gRPC target would be one more class here.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from veo_edge.errors import UsageError, VeoEdgeError
+
+_DTYPES = {"FP32": "<f4", "FP16": "<f2", "FP64": "<f8", "INT8": "i1", "UINT8": "u1", "INT32": "<i4"}
+
+
+class RequestError(VeoEdgeError):
+    """One soak request failed (an error answer, a malformed answer or a broken connection)."""
+
+    kind = "error"
+
+
+class RequestTimeout(RequestError):
+    kind = "timeout"
+
+
+def _check_output(out: np.ndarray, n: int) -> None:
+    if out.ndim < 1 or out.shape[0] != n or not np.all(np.isfinite(out)):
+        raise RequestError(
+            f"malformed answer: output shape {tuple(out.shape)} for a batch of {n}, or not finite"
+        )
+
+
+class InProcessTarget:
+    """The runtime in this process; batch 1 goes through the dynamic batcher (``submit``), larger
+    batches through ``infer``."""
+
+    kind = "in-process"
+
+    def __init__(
+        self,
+        build_dir: Path,
+        *,
+        backend: str = "auto",
+        policy: list[str] | None = None,
+        faults: Mapping[str, Any] | str | None = None,
+        recover_interval_s: float | None = None,
+        timeout_s: float = 30.0,
+        threads: int | None = None,
+    ) -> None:
+        self.build_dir = Path(build_dir)
+        self.backend = backend
+        self.policy = policy
+        self.faults = faults
+        self.recover_interval_s = recover_interval_s
+        self.timeout_s = timeout_s
+        self.threads = threads
+        self.runtime = None
+
+    def open(self) -> tuple[tuple[int, ...], np.dtype]:
+        from veo_edge.runtime.runtime import Runtime
+
+        self.runtime = Runtime(
+            self.build_dir,
+            backend=self.backend,
+            policy=self.policy,
+            faults=self.faults,
+            recover_interval_s=self.recover_interval_s,
+            threads=self.threads,
+        ).start()
+        return self.runtime.input_shape, self.runtime.input_dtype
+
+    @property
+    def name(self) -> str:
+        return str(self.build_dir)
+
+    def call(self, batch: np.ndarray) -> None:
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        rt = self.runtime
+        try:
+            if batch.shape[0] == 1:
+                out = rt.submit(batch[0]).result(timeout=self.timeout_s)[None]  # one sample's answer
+            else:
+                out = rt.infer(batch)
+        except FutureTimeout as e:
+            raise RequestTimeout(f"no answer within {self.timeout_s} s") from e
+        except VeoEdgeError as e:
+            raise RequestError(f"{type(e).__name__}: {e}") from e
+        _check_output(np.asarray(out), batch.shape[0])
+
+    def observe(self) -> dict[str, Any]:
+        rt = self.runtime
+        stats = rt.stats()
+        state = rt.state
+        return {
+            "fallbacks": stats["fallback_switches"],
+            "recoveries": sum(1 for s in state.switches if s.get("reason") == "recovered"),
+            "batches": stats["batches"],
+            "active_backend": stats["active_backend"],
+            "pool": stats.get("memory_pool"),
+            "switches": state.switches,
+        }
+
+    def close(self) -> None:
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+
+
+class HttpTarget:
+    """A KServe v2 server (``veo-edge serve``, Triton): ``POST /v2/models/NAME/infer`` with binary
+    tensors, ``/metrics`` scraped for the server's memory, fallbacks and pool."""
+
+    kind = "http"
+
+    def __init__(self, url: str, model_name: str | None = None, timeout_s: float = 30.0) -> None:
+        parsed = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        if parsed.scheme != "http" or not parsed.hostname:
+            raise UsageError(
+                f"--url {url!r} is not an http://HOST:PORT address; expected e.g. http://127.0.0.1:8000"
+            )
+        self.url = f"http://{parsed.netloc}"
+        self.host, self.port = parsed.hostname, parsed.port or 80
+        self.model_name = model_name
+        self.timeout_s = timeout_s
+        self._local = threading.local()
+        self.input_name = ""
+        self.datatype = "FP32"
+        self.output_name = None
+
+    @property
+    def name(self) -> str:
+        return self.url
+
+    def _conn(self) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        return conn
+
+    def _request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+        reused = getattr(self._local, "conn", None) is not None
+        conn = self._conn()
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            resp = conn.getresponse()
+            data = resp.read()
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
+            self._drop()
+            if reused:  # the server closed an idle keep-alive connection: once more on a new one
+                return self._request(method, path, body, headers)
+            raise RequestError(f"{method} {path}: {type(e).__name__}: {e}") from e
+        except TimeoutError as e:
+            self._drop()
+            raise RequestTimeout(f"{method} {path}: no answer within {self.timeout_s} s") from e
+        except (OSError, http.client.HTTPException) as e:
+            self._drop()
+            raise RequestError(f"{method} {path}: {type(e).__name__}: {e}") from e
+        if resp.getheader("connection", "").lower() == "close":
+            self._drop()
+        return resp.status, resp, data
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    def open(self) -> tuple[tuple[int, ...], np.dtype]:
+        try:
+            status, _, body = self._request("GET", "/v2/health/ready")
+        except RequestError as e:
+            raise UsageError(
+                f"cannot reach the server at {self.url} ({e}); start it with `veo-edge serve`"
+            ) from e
+        if status != 200:
+            raise UsageError(
+                f"the server at {self.url} is not ready (HTTP {status}); wait for /v2/health/ready"
+            )
+        if self.model_name is None:
+            self.model_name = json.loads(body or b"{}").get("model")
+            if not self.model_name:
+                raise UsageError(f"the server at {self.url} does not name its model; pass --model-name")
+        status, _, body = self._request("GET", f"/v2/models/{self.model_name}")
+        if status != 200:
+            raise UsageError(f"the server at {self.url} has no model {self.model_name!r} (HTTP {status})")
+        meta = json.loads(body)
+        inp = meta["inputs"][0]
+        if inp["datatype"] not in _DTYPES:
+            raise UsageError(
+                f"input {inp['name']!r} has datatype {inp['datatype']}, the soak sends {sorted(_DTYPES)}"
+            )
+        self.input_name, self.datatype = inp["name"], inp["datatype"]
+        self.output_name = meta["outputs"][0]["name"]
+        return tuple(int(d) for d in inp["shape"][1:]), np.dtype(_DTYPES[self.datatype])
+
+    def call(self, batch: np.ndarray) -> None:
+        data = np.ascontiguousarray(batch).tobytes()
+        head = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": self.input_name,
+                        "datatype": self.datatype,
+                        "shape": list(batch.shape),
+                        "parameters": {"binary_data_size": len(data)},
+                    }
+                ],
+                "outputs": [{"name": self.output_name, "parameters": {"binary_data": True}}],
+            }
+        ).encode()
+        status, resp, body = self._request(
+            "POST",
+            f"/v2/models/{self.model_name}/infer",
+            head + data,
+            {"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"},
+        )
+        if status != 200:
+            kind = RequestTimeout if status in (408, 504) else RequestError
+            raise kind(f"HTTP {status}: {body[:200].decode(errors='replace')}")
+        n = int(resp.getheader("inference-header-content-length") or len(body))
+        try:
+            out = json.loads(body[:n])["outputs"][0]
+            dtype = np.dtype(_DTYPES[out["datatype"]])
+            arr = np.frombuffer(body[n:], dtype=dtype).reshape(out["shape"])
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise RequestError(f"malformed answer ({type(e).__name__}: {e})") from e
+        _check_output(arr, batch.shape[0])
+
+    def observe(self) -> dict[str, Any]:
+        from veo_edge.soak.promtext import scrape
+
+        try:
+            status, _, body = self._request("GET", "/metrics")
+        except RequestError as e:
+            return {"scrape_error": str(e)}
+        if status != 200:
+            return {"scrape_error": f"/metrics answered HTTP {status}"}
+        return scrape(body.decode(errors="replace"))
+
+    def close(self) -> None:
+        self._drop()
