@@ -122,6 +122,8 @@ class AccuracyGuardError(VeoEdgeError):
     """A reduced CPU precision (bf16, int8) loses more accuracy against FP32 than the build allows."""
 
     exit_code = 14
+
+
 class RunDirError(VeoEdgeError):
     """A soak run directory is missing, not empty, foreign, corrupt or already complete."""
 
