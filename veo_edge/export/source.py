@@ -116,13 +116,23 @@ def _shape_from_module(net: nn.Module) -> tuple[int, ...] | None:
     return tuple(int(d) for d in shape) if shape else None
 
 
+def check_input_file(path: Path, flag: str, what: str, usual_names: tuple[str, ...] = ()) -> None:
+    """:class:`ModelLoadError` unless ``path`` is a file: one line for a missing path and for a directory
+    (naming the usual file inside it, when there is one)."""
+    if path.is_dir():
+        inside = next((path / n for n in usual_names if (path / n).is_file()), None)
+        hint = f"; did you mean {flag} {inside}?" if inside else f"; pass the {what} inside it"
+        raise ModelLoadError(f"{flag} {path} is a directory, expected a {what}{hint}")
+    if not path.is_file():
+        raise ModelLoadError(f"{what} {path} does not exist")
+
+
 def load_checkpoint(net: nn.Module, path: Path) -> None:
     """Load a state dict safely (``weights_only=True``; safetensors too); strict key matching."""
     import torch
 
     path = Path(path)
-    if not path.is_file():
-        raise ModelLoadError(f"checkpoint {path} does not exist")
+    check_input_file(path, "--checkpoint", "checkpoint", ("model.safetensors", "pytorch_model.bin"))
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -155,8 +165,7 @@ class OnnxSource:
 
     def load(self) -> LoadedModel:
         path = Path(self.path)
-        if not path.is_file():
-            raise ModelLoadError(f"ONNX file {path} does not exist")
+        check_input_file(path, "--onnx", "ONNX file", ("model.onnx",))
         import onnx
 
         try:
