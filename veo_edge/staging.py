@@ -213,14 +213,18 @@ class BuildOutput:
             self._swap(stage)
         except BaseException as e:
             full = _disk_full(e, stage)
+            what = _exhausted(stage) or "space"
             written = _tree_bytes(stage)
             shutil.rmtree(stage, ignore_errors=True)
             if full and not isinstance(e, DiskFullError):
-                need = f"; the build needs about {mib(need_bytes)}" if need_bytes else ""
+                need = f", the build needs about {mib(need_bytes)}" if need_bytes and what == "space" else ""
+                fix = (
+                    "free space there" if what == "space" else "remove files there (or raise its inode limit)"
+                )
                 raise DiskFullError(
-                    f"the filesystem of {self.out.parent} filled up during the build ({mib(written)} "
-                    f"written){need}; free space there or choose an --out on another filesystem "
-                    f"(nothing was written to {self.out})"
+                    f"the filesystem of {self.out.parent} ran out of {what} during the build "
+                    f"({mib(written)} written{need}); {fix} or choose an --out on another filesystem; "
+                    f"nothing was written to {self.out}"
                 ) from e
             raise
 
@@ -273,7 +277,17 @@ def _disk_full(e: BaseException, where: Path) -> bool:
         err = err.__cause__ or err.__context__
     if isinstance(e, KeyboardInterrupt | SystemExit | DiskFullError):
         return False
+    return _exhausted(where) is not None
+
+
+def _exhausted(where: Path) -> str | None:
+    """``"space"`` or ``"inodes"`` when the filesystem of ``where`` has (nearly) none left."""
     try:
-        return shutil.disk_usage(where).free < _NEARLY_FULL
+        st = os.statvfs(where)
     except OSError:
-        return False
+        return None
+    if st.f_bavail * st.f_frsize < _NEARLY_FULL:
+        return "space"
+    if st.f_files and st.f_favail == 0:  # f_files is 0 where a filesystem has no inode limit
+        return "inodes"
+    return None

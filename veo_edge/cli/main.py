@@ -74,8 +74,11 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:
         if State.debug:
             raise
+        from rich.markup import escape
+
+        line = " ".join(part.strip() for part in str(e).splitlines() if part.strip())
         console(stderr=True).print(
-            f"[bold red]internal error:[/] {type(e).__name__}: {e} (run with --debug for the traceback)",
+            f"[bold red]internal error:[/] {type(e).__name__}: {escape(line)} (run with --debug for the traceback)",
             soft_wrap=True,
         )
         sys.exit(INTERNAL_ERROR)

@@ -7,6 +7,7 @@ backend is loaded once and serves both the parity check and the canary.
 from __future__ import annotations
 
 import contextlib
+import math
 import platform
 import shutil
 from dataclasses import dataclass, field
@@ -97,7 +98,8 @@ def estimate_bytes(loaded: LoadedModel, opts: BuildOptions) -> int:
     else:
         weights = Path(loaded.onnx_path).stat().st_size
     copies = 1 + (1 if opts.plugins else 0) + (0.5 if opts.fp16 else 1)
-    return int(weights * copies * 1.05) + (2 << 20)
+    canary = 2 * 4 * math.prod(loaded.input_shape)  # the canary input and (at most as large) its output
+    return int(weights * copies * 1.1) + canary + (256 << 10)  # + the XML, reports and manifest
 
 
 def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: StageReporter) -> BuildResult:
