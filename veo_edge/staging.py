@@ -191,10 +191,12 @@ class BuildOutput:
         """:class:`DiskFullError` when the output's filesystem has less free space than the estimate."""
         free = shutil.disk_usage(self.out.parent).free
         if free < need_bytes:
-            raise DiskFullError(
+            err = DiskFullError(
                 f"not enough space for the build in {self.out.parent}: {mib(free)} free, the build needs "
                 f"about {mib(need_bytes)}; free space there or choose an --out on another filesystem"
             )
+            err.details = {"path": str(self.out.parent), "free_bytes": free, "need_bytes": need_bytes}
+            raise err
 
     @contextlib.contextmanager
     def staging(self, need_bytes: int | None = None) -> Iterator[Path]:

@@ -320,6 +320,7 @@ def load_or_build_engine(
     build: BuildDir, config: EngineConfig | None = None, force: bool = False, cache: Path | None = None
 ) -> tuple[Any, Any, Any, CacheEntry, str]:
     """(trt module, logger, engine, cache entry, "cached" | "built: <why>"). Plugins load first."""
+    model_source(build)  # the ONNX is verified against the manifest first, a cached engine or not
     trt = _trt()
     config = config or default_config(build)
     logger = trt.Logger(trt.Logger.WARNING)
