@@ -248,3 +248,37 @@ def test_the_runtime_verifies_only_what_its_backends_load(nano_build, copy_build
         Runtime(build).start()  # openvino is a fallback candidate of the default policy
     with Runtime(build, backend="onnxruntime") as rt:  # loads model.onnx only
         assert rt.state.active_backend == "onnxruntime"
+
+
+def _stderr_on_a_terminal(*args) -> tuple[int, str]:
+    """Run ``veo-edge`` with stderr on a pseudo-terminal (as in a shell); its exit code and what it drew."""
+    import pty
+
+    master, slave = pty.openpty()
+    env = {**os.environ, "COLUMNS": "120", "TERM": "xterm"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "veo_edge.cli.main", *map(str, args)],
+        stdout=subprocess.DEVNULL,
+        stderr=slave,
+        env=env,
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return proc.wait(timeout=120), b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_verify_shows_a_progress_bar_on_a_terminal(nano_build):
+    code, drawn = _stderr_on_a_terminal("verify", nano_build, "--progress")
+    assert code == 0
+    assert f"Verifying {nano_build}" in drawn and "MB" in drawn
+    code, drawn = _stderr_on_a_terminal("verify", nano_build)  # 1.4 MiB: below the progress threshold
+    assert code == 0 and "Verifying" not in drawn

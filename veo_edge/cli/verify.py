@@ -26,13 +26,19 @@ def verify_command(
     quiet: bool = typer.Option(
         False, "--quiet", "-q", help="No progress bar and no output; the exit code says."
     ),
+    progress: bool = typer.Option(
+        None,
+        "--progress/--no-progress",
+        help="A progress bar on stderr (default: on a terminal, for builds of 256 MiB or more).",
+        show_default=False,
+    ),
 ) -> None:
     """Check the manifest against its schema and every artifact against the manifest's sha256 and size.
 
     Exit codes: 0 intact; 30 an artifact differs from the manifest (the line names the file and both
     hashes); 31 the manifest does not follow its schema; 7 not a build directory or an artifact is missing.
     """
-    report = verify_target(target, progress=False if (quiet or json_out) else None)
+    report = verify_target(target, progress=False if quiet else progress)
     if json_out:
         print_json(report)
         return
