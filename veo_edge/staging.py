@@ -123,6 +123,7 @@ class BuildOutput:
             raise path_error(e, self.out.parent, "creating the parent directory") from e
         self._lock()
         try:
+            self.check()  # again: a build we waited for (--wait) may have made the output meanwhile
             self._reclaim()
         except BaseException:
             self._unlock()

@@ -236,12 +236,19 @@ def test_with_wait_the_second_build_queues_behind_the_first(tmp_path):
     first = veo_bg(*NANO, "--out", out, "--max-batch", "2")
     wait_for(lambda: lock_owner(out) == first.pid, first, "the first build took the lock")
     second = veo_bg(*NANO, "--out", out, "--max-batch", "4", "--force", "--wait")
+    no_force = veo_bg(*NANO, "--out", out, "--wait")  # waits too, then finds the output made
     _, first_err = first.communicate(timeout=600)
     assert first.returncode == 0, first_err
     _, second_err = second.communicate(timeout=600)
     assert second.returncode == 0, second_err
     assert f"waiting for another veo-edge build (pid {first.pid} on " in second_err
     assert BuildDir.open(out).max_batch == 4  # the second ran after the first, and replaced it
+    _, no_force_err = no_force.communicate(timeout=600)
+    assert no_force.returncode == OUTPUT_EXISTS, no_force_err
+    assert (
+        no_force_err.strip().splitlines()[-1]
+        == f"error: output directory {out} already exists; pass --force to overwrite it"
+    )
     assert hidden(tmp_path) == []
 
 
