@@ -12,7 +12,7 @@
 #   VEO_EDGE_MODEL_NAME      model to check         (default: the one the server serves)
 #
 # Docker knows only 0 (healthy) and 1 (unhealthy); 2 is reserved. veo-edge's distinct codes
-# (20 down, 21 not ready, 22 canary mismatch, 23 timeout) are printed, and the exit status is 1.
+# (20 down, 21 not ready, 22 canary mismatch, 23 timeout, 30 build modified) are printed, and the exit status is 1.
 set -u
 
 url="${VEO_EDGE_HEALTH_URL:-http://127.0.0.1:8000}"

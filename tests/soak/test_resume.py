@@ -83,7 +83,7 @@ def test_sigkill_keeps_samples_and_resume_completes(nano_build: Path, tmp_path: 
     assert {c["name"]: c["pass"] for c in report["verdict"]["checks"]}["duration"]
 
     again = subprocess.run([*CLI, "--resume", str(run)], capture_output=True, text=True, timeout=60)
-    assert again.returncode == 31
+    assert again.returncode == 51
     assert "is complete; nothing to resume" in again.stderr
 
 
@@ -94,7 +94,7 @@ def test_sigterm_ends_cleanly_with_a_report(nano_build: Path, tmp_path: Path):
     proc = _start_and_wait(args, run / "soak.db", 3, tmp_path / "term.log")
     os.kill(proc.pid, signal.SIGTERM)
     rc = proc.wait(60)
-    assert rc == 30, (tmp_path / "term.log").read_text()  # the duration check fails: it ran < 10m
+    assert rc == 50, (tmp_path / "term.log").read_text()  # the duration check fails: it ran < 10m
     report = json.loads((run / "report.json").read_text())
     assert report["run"]["status"] == "stopped"
     assert report["run"]["segments"][0]["end_reason"] == "SIGTERM"

@@ -82,11 +82,11 @@ def test_cli_errors_are_one_line_with_distinct_codes(capsys, tmp_path: Path, nan
     assert code == 2 and "--duration '10x' is not a duration; expected a number and a unit" in out
     assert not (tmp_path / "r").exists()
     code, out = _cli(capsys, "soak", "report", str(tmp_path / "missing"))
-    assert code == 31 and "does not exist" in out
+    assert code == 51 and "does not exist" in out
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "soak.db").write_bytes(b"\0" * 4096)
     code, out = _cli(capsys, "soak", "--resume", str(tmp_path / "bad"))
-    assert code == 31 and "corrupt or not a veo-edge soak database" in out
+    assert code == 51 and "corrupt or not a veo-edge soak database" in out
     code, out = _cli(
         capsys, "soak", str(nano_build), "--duration", "5s", "--chaos", '{"onnxruntime": {"every": 2}}'
     )

@@ -27,7 +27,7 @@ def test_soak_against_a_server(nano_build: Path, server, tmp_path: Path, capsys)
     code = _cli(*args, "--max-jitter-ms", "1e6", "--leak-floor", "1G")
     out = capsys.readouterr().out
     report = json.loads((run / "report.json").read_text())
-    assert code == (0 if report["verdict"]["pass"] else 30), out
+    assert code == (0 if report["verdict"]["pass"] else 50), out
     assert report["run"]["kind"] == "http" and report["run"]["status"] == "complete"
     req = report["requests"]
     assert req["issued"] == req["ok"] > 0 and req["errors"] == req["lost"] == 0, req["first_errors"]
@@ -42,7 +42,7 @@ def test_soak_against_a_server(nano_build: Path, server, tmp_path: Path, capsys)
     assert report["latency_ms"]["overall"]["count"] == req["ok"]
 
     # re-judge: the same data against an impossible jitter target fails, a lenient one passes
-    assert _cli("soak", "report", str(run), "--max-jitter-ms", "0", "--leak-floor", "1T") == 30
+    assert _cli("soak", "report", str(run), "--max-jitter-ms", "0", "--leak-floor", "1T") == 50
     strict = json.loads((run / "report.json").read_text())
     assert {c["name"]: c["pass"] for c in strict["verdict"]["checks"]}["jitter"] is False
     capsys.readouterr()

@@ -12,7 +12,7 @@ from typer.core import TyperGroup
 from veo_edge.cli._common import console, print_json
 
 #: exit code of a soak whose verdict is "fail" (errors of the run itself have their own codes)
-VERDICT_FAIL = 30
+VERDICT_FAIL = 50
 
 
 class _DefaultRun(TyperGroup):
@@ -199,7 +199,7 @@ def report(
     max_lost: int = _T["max_lost"],
     max_fragmentation: float = _T["max_fragmentation"],
 ) -> None:
-    """(Re)write RUN_DIR's report.json, report.md and plots; exit 0 on pass, 30 on fail."""
+    """(Re)write RUN_DIR's report.json, report.md and plots; exit 0 on pass, 50 on fail."""
     from veo_edge.soak.config import require_dependencies
     from veo_edge.soak.store import RunStore
 
