@@ -136,3 +136,59 @@ def test_canonicalization_keeps_what_the_model_computes(cause_export):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     # batch-dependent dims are known as such, static ones are numbers
     assert canon.shapes["input"] == [None, *net.input_shape]
+
+
+def _noop_graph() -> onnx.ModelProto:
+    """x (N, 4, 6) through every no-op the passes remove, then a real Mul; plus Shape(x, start=1) read
+    into a Reshape (the opset-15 attributes onnx-graphsurgeon's folding ignores)."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    f = lambda n, v: h.make_tensor(n, T.FLOAT, [len(v)], v)  # noqa: E731
+    i = lambda n, v: h.make_tensor(n, T.INT64, [len(v)], v)  # noqa: E731
+    nodes = [
+        h.make_node("Identity", ["x"], ["a"]),
+        h.make_node("Dropout", ["a", "ratio"], ["b"]),
+        h.make_node("Cast", ["b"], ["c"], to=T.FLOAT),
+        h.make_node("Expand", ["c", "ones3"], ["d"]),
+        h.make_node("Shape", ["x"], ["shape"]),
+        h.make_node("ConstantOfShape", ["shape"], ["zeros"], value=h.make_tensor("z", T.FLOAT, [1], [0.0])),
+        h.make_node("Add", ["d", "zeros"], ["e"]),
+        h.make_node("ConstantOfShape", ["shape"], ["yes"], value=h.make_tensor("t", T.BOOL, [1], [True])),
+        h.make_node("Where", ["yes", "e", "minus"], ["g"]),
+        h.make_node("Mul", ["g", "two"], ["m"]),
+        h.make_node("Shape", ["m"], ["tail"], start=1),
+        h.make_node("Concat", ["minus_one", "tail"], ["flat_shape"], axis=0),
+        h.make_node("Reshape", ["m", "flat_shape"], ["y"]),
+    ]
+    inits = [i("ones3", [1, 1, 1]), f("minus", [-1.0]), f("two", [2.0]), i("minus_one", [-1])]
+    inits.append(h.make_tensor("ratio", T.FLOAT, [], [0.3]))
+    graph = h.make_graph(
+        nodes,
+        "noops",
+        [h.make_tensor_value_info("x", T.FLOAT, ["N", 4, 6])],
+        [h.make_tensor_value_info("y", T.FLOAT, ["N", 4, 6])],
+        inits,
+    )
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=9)
+
+
+def test_the_passes_remove_every_no_op_and_keep_the_values():
+    import onnxruntime as ort
+
+    model = _noop_graph()
+    canon = Canonicalize((4, 6))(model)
+    ops = Counter(n.op_type for n in canon.model.graph.node)
+    assert not {"Identity", "Dropout", "Cast", "Expand", "Add", "Where", "ConstantOfShape"} & set(ops), ops
+    assert ops["Mul"] == 1
+    for key in ("no-op Identity", "no-op Dropout", "no-op Cast", "no-op Expand", "no-op Add", "no-op Where"):
+        assert canon.removed.get(key) == 1, canon.removed
+    assert canon.shapes["m"] == [None, 4, 6]
+    x = np.random.default_rng(0).standard_normal((3, 4, 6)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )
+    sess = ort.InferenceSession(canon.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(want[0], 2 * x)
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], want[0])
+    np.testing.assert_array_equal(sess.run(None, {"x": x[:1]})[0], 2 * x[:1])  # the batch stays dynamic

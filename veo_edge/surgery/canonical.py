@@ -17,7 +17,7 @@ resized to the size they already have, and ``Shape`` reads of tensors whose shap
    concrete batches, so that a dim which changes with the batch is known as such: no-op
    ``Cast``/``Identity``/``Dropout``/``Expand``/``Reshape``/``Transpose``, ``Add``/``Sub`` of an all-zero and
    ``Mul``/``Div`` by an all-one tensor that does not broadcast the other operand, ``Where`` on an
-   all-true or all-false condition, and ``Shape`` reads of (N, static...) tensors rewritten to read the
+   all-true or all-false condition, the dynamo exporter's NaN guard after an unmasked softmax, and ``Shape`` reads of (N, static...) tensors rewritten to read the
    batch from the graph input;
 3. dead-node cleanup, then folding again until nothing changes.
 """
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 #: the concrete batches shapes are inferred at; a dim that differs between them follows the batch
 ANALYSIS_BATCHES = (2, 3)
 FOLD_SIZE_LIMIT = 64 << 20  # bytes: larger folded constants are left as computations
-MAX_ROUNDS = 4
+MAX_ROUNDS = 3
 
 
 @dataclass
@@ -63,11 +63,14 @@ class Canonicalize:
             return Canonical(model, _as_exported_shapes(model))
         removed: Counter = Counter()
         current = _explicit_shape_slices(_strip_value_info(model))
-        typed = _ShapeAnalysis(current, self.input_shape)
+        typed = None
         for _ in range(MAX_ROUNDS):
             before = len(current.graph.node)
             current = _fold(current)
             removed["constant folding"] += max(0, before - len(current.graph.node))
+            # folding keeps tensor names, and the simplifications only remove tensors: one analysis,
+            # on the graph folded once (smaller than the export), serves every round
+            typed = typed or _ShapeAnalysis(current, self.input_shape)
             graph = gs.import_onnx(current)
             typed.annotate(graph)
             changed = _simplify(graph, typed, removed)
@@ -141,7 +144,7 @@ def _fold(model: onnx.ModelProto) -> onnx.ModelProto:
             num_passes=None,
             do_shape_inference=True,
             fold_shapes=True,
-            partitioning="basic",
+            partitioning=None,  # "basic" retries failing subgraphs piecewise: 5x slower on vit-tiny
             error_ok=True,
             size_threshold=FOLD_SIZE_LIMIT,
             allow_onnxruntime_shape_inference=False,
@@ -291,12 +294,32 @@ def _noop_source(node: Any, shapes: _ShapeAnalysis, uniform: _Uniform) -> Any | 
                 return ins[keep]
         return None
     if op == "Where" and len(ins) == 3:
+        if _nan_guard_of_plain_softmax(node, uniform):
+            return ins[2]
         c = uniform.value(ins[0])
         if c is None:
             return None
         pick = ins[1] if bool(c) else ins[2]
         return pick if shapes.same_shape(pick.name, out.name) else None
     return None
+
+
+def _nan_guard_of_plain_softmax(node: Any, uniform: _Uniform) -> bool:
+    """``Where(IsNaN(p), 0, p)`` with ``p = Softmax(scale * (q @ k))``: the dynamo exporter's guard for
+    rows that a mask made all ``-inf``. Without a mask no row is, and only a NaN already in the input
+    would differ (to NaN from 0)."""
+    cond, zero, p = node.inputs
+    guard = cond.inputs[0] if cond.inputs else None
+    if guard is None or guard.op != "IsNaN" or guard.inputs[0] is not p or uniform.value(zero) != 0:
+        return False
+    softmax = p.inputs[0] if p.inputs else None
+    if softmax is None or softmax.op != "Softmax":
+        return False
+    t = softmax.inputs[0]
+    while t.inputs and t.inputs[0].op in ("Mul", "Div", "Cast"):
+        n = t.inputs[0]
+        t = n.inputs[0] if n.op == "Cast" or uniform.value(n.inputs[1]) is not None else n.inputs[1]
+    return bool(t.inputs) and t.inputs[0].op == "MatMul"
 
 
 def _bypass(graph: Any, node: Any, src: Any) -> bool:

@@ -118,7 +118,16 @@ class SurgeryReport:
     def summary(self) -> dict[str, Any]:
         """The short form kept in the manifest."""
         worst = max((c["max_abs"] for c in self.reference_check), default=None)
-        return {"counts": self.counts(), "replaced": self.replaced, "reference_max_abs": worst}
+        families = {
+            name: {"fused": f["fused"], "left_alone": {g["check"]: g["count"] for g in f["left_alone"]}}
+            for name, f in self.families().items()
+        }
+        return {
+            "counts": self.counts(),
+            "replaced": self.replaced,
+            "reference_max_abs": worst,
+            "families": families,
+        }
 
     def families(self) -> dict[str, dict[str, Any]]:
         """Per op family: how many regions were fused, and the ones left alone grouped by reason."""
