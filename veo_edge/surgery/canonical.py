@@ -151,6 +151,30 @@ def _fold(model: onnx.ModelProto) -> onnx.ModelProto:
         )
 
 
+def _fold_concrete(model: onnx.ModelProto, passes: int = 2) -> onnx.ModelProto:
+    """Fold a model whose input shape is fully static, so every shape computation becomes a constant:
+    onnx-graphsurgeon's folding on ONNX shapes inferred with data propagation (Polygraphy's loader,
+    which infers without it, leaves some of these chains unfolded)."""
+    import onnx
+    import onnx_graphsurgeon as gs
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)
+    for _ in range(passes):
+        try:
+            model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        except onnx.shape_inference.InferenceError:
+            model = onnx.shape_inference.infer_shapes(model)
+        graph = gs.import_onnx(model)
+        before = len(graph.nodes)
+        graph.fold_constants(fold_shapes=True, error_ok=True, size_threshold=FOLD_SIZE_LIMIT)
+        graph.cleanup(remove_unused_graph_inputs=False).toposort()
+        model = _strip_value_info(_export(graph, model))
+        if len(model.graph.node) == before:
+            break
+    return model
+
+
 def _export(graph: Any, like: onnx.ModelProto) -> onnx.ModelProto:
     import onnx_graphsurgeon as gs
 
@@ -219,7 +243,7 @@ def _infer(model: onnx.ModelProto, shape: tuple[int, ...]) -> tuple[dict[str, li
     del dims[:]
     for d in shape:
         dims.add().dim_value = int(d)
-    m = _fold(m)
+    m = _fold_concrete(_strip_value_info(m))
     try:
         m = onnx.shape_inference.infer_shapes(m, data_prop=True)
     except onnx.shape_inference.InferenceError:

@@ -8,6 +8,8 @@ that canonical graph, which keeps the dynamic batch axis.
     inj.plugin_model      # plugin nodes, no function bodies (for TensorRT)
     inj.reference_model   # the same with the ops' ONNX-function bodies (runs in ONNX Runtime)
     inj.report            # what matched, what was replaced, and why not elsewhere
+    inj.canonical         # the canonical graph the regions were found in (see surgery.canonical)
+    inj.without({3: ("whole_graph", "why")})  # the same, with region 3 of the report left alone
 
 One seeded run of the plain model records the activations at every candidate region's boundary; a region
 is replaced only when its structure matched, it computes the op on those activations, and nothing

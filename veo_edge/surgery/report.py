@@ -16,7 +16,7 @@ FAMILY = {"VeoPatchEmbedLayerNorm": "patch embedding", "VeoAttention": "attentio
 ADVICE = {
     "no_mask": (
         "additive bias or mask before the softmax (relative position bias, a non-zero attention mask); "
-        "not supported by VeoAttention v1, TensorRT runs these layers unfused"
+        "not supported by VeoAttention v1 (it has no bias input), TensorRT runs these layers unfused"
     ),
     "scores_matmul": "the softmax does not read Q·Kᵀ (a classifier or pooling softmax, not attention)",
     "context_matmul": (
