@@ -237,6 +237,11 @@ def test_regions_that_are_not_plain_attention_are_left_with_the_reason(kind, che
     assert re.search(detail, region.detail), region.detail
     assert "NOTHING MATCHED" in inj.report.lines()[-1]
     assert [n.op_type for n in inj.plugin_model.graph.node].count("Softmax") == 1
+    (left,) = inj.report.families()["attention"]["left_alone"]
+    assert (left["check"], left["count"]) == (check, 1)
+    advice = {"no_mask": "not supported by VeoAttention v1", "contained": "read outside the region"}[check]
+    assert advice in left["why"]
+    assert any(line.startswith(f"  attention left alone (1×): {check}: ") for line in inj.report.lines())
 
 
 def test_a_classifier_softmax_and_a_stem_conv_are_reported_not_fused(export_case, tmp_path):

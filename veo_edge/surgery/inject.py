@@ -1,9 +1,15 @@
 """Plugin injection: the plain ONNX -> the graph TensorRT builds from, plus its runnable reference copy.
 
+The plain ONNX is canonicalized first (folded, no-op nodes and always-zero masks removed, shapes
+inferred at the build's static dims); matching, the numeric checks and the injected graphs all work on
+that canonical graph, which keeps the dynamic batch axis.
+
     inj = PluginInjection(input_shape=(3, 224, 224))(onnx.load("model.onnx"))
     inj.plugin_model      # plugin nodes, no function bodies (for TensorRT)
     inj.reference_model   # the same with the ops' ONNX-function bodies (runs in ONNX Runtime)
     inj.report            # what matched, what was replaced, and why not elsewhere
+    inj.canonical         # the canonical graph the regions were found in (see surgery.canonical)
+    inj.without({3: ("whole_graph", "why")})  # the same, with region 3 of the report left alone
 
 One seeded run of the plain model records the activations at every candidate region's boundary; a region
 is replaced only when its structure matched, it computes the op on those activations, and nothing
@@ -19,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from veo_edge.surgery import attention, patch_embed
+from veo_edge.surgery.canonical import Canonical, Canonicalize
 from veo_edge.surgery.functions import attention_function, op_model, patch_embed_function
 from veo_edge.surgery.graphutil import MatchFailure
 from veo_edge.surgery.report import RegionReport, SurgeryReport
@@ -35,6 +42,15 @@ class Injection:
     plugin_model: onnx.ModelProto
     reference_model: onnx.ModelProto
     report: SurgeryReport
+    canonical: Canonical | None = None
+    _session: _Session | None = None
+
+    def without(self, dropped: dict[int, tuple[str, str]]) -> Injection:
+        """The same injection with the regions at these indices of ``report.regions`` left alone, each
+        reported with its (check, detail)."""
+        if self._session is None:
+            raise ValueError("this injection was not made by PluginInjection")
+        return self._session.assemble(dropped)
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -44,21 +60,51 @@ def default_opset(model: onnx.ModelProto) -> int:
 @dataclass(frozen=True)
 class PluginInjection:
     """Inject both plugin ops into an ONNX ViT with one image or video input of ``input_shape``
-    (without the batch axis)."""
+    (without the batch axis). The model is canonicalized first (see :mod:`veo_edge.surgery.canonical`);
+    the injected graph is the canonical one with the regions replaced."""
 
     input_shape: tuple[int, ...]
     batch: int = 2
     seed: int = REGION_SEED
+    canonicalize: bool = True  # False matches the graph as exported (how veo-edge 0.1 did)
 
     def __call__(self, model: onnx.ModelProto) -> Injection:
+        canon = Canonicalize(self.input_shape, enabled=self.canonicalize)(model)
+        return _Session(self, model, canon).assemble({})
+
+
+class _Session:
+    """One canonical graph, its seeded activations and the ops' baselines; assembles injections."""
+
+    def __init__(self, opts: PluginInjection, original: onnx.ModelProto, canon: Canonical) -> None:
+        self.opts = opts
+        self.original = original
+        self.canon = canon
+        self.opset = default_opset(original)
+        self.values: dict[str, np.ndarray] | None = None
+        self.baselines = _Baselines(self.opset)
+
+    def _graph(self) -> Any:
+        import onnx_graphsurgeon as gs
+
+        graph = gs.import_onnx(self.canon.model)
+        for t in graph.tensors().values():
+            if t.__class__.__name__ == "Variable" and t.name in self.canon.shapes:
+                t.shape = ["batch" if d is None else d for d in self.canon.shapes[t.name]]
+        return graph
+
+    def assemble(self, dropped: dict[int, tuple[str, str]]) -> Injection:
         import onnx
         import onnx_graphsurgeon as gs
 
-        opset = default_opset(model)
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-        graph = gs.import_onnx(inferred)
-        report = SurgeryReport(seed=self.seed)
-        found: list[tuple[Any, Any, RegionReport]] = []  # (module, match or None, report entry)
+        graph = self._graph()
+        report = SurgeryReport(seed=self.opts.seed)
+        report.canonical = {
+            "nodes_before": len(self.original.graph.node),
+            "nodes_after": len(self.canon.model.graph.node),
+            "removed": dict(self.canon.removed),
+        }
+        found: list[tuple[Any, Any, RegionReport, int]] = []  # (module, match, report entry, index)
         for mod, op in ((patch_embed, patch_embed.OP), (attention, attention.OP)):
             for anchor in mod.anchors(graph):
                 entry = RegionReport(
@@ -66,33 +112,37 @@ class PluginInjection:
                 )
                 report.regions.append(entry)
                 try:
-                    found.append((mod, mod.match(graph, anchor), entry))
+                    found.append((mod, mod.match(graph, anchor), entry, len(report.regions) - 1))
                     entry.matched = True
                 except MatchFailure as f:
                     entry.check, entry.detail = f.check, f.detail
-        values = self._record(model, [t for mod, m, _ in found for t in mod.wanted(m)])
-        baselines = _Baselines(opset)
+        if self.values is None:
+            self.values = self._record([t for mod, m, _, _ in found for t in mod.wanted(m)])
+        values = self.values
         layouts = set()
         index = {attention.OP: 0, patch_embed.OP: 0}
-        for mod, m, entry in found:
+        for mod, m, entry, i in found:
             try:
                 err, tol = mod.verify(
-                    m, values, baselines.attention if mod is attention else baselines.patch_embed
+                    m, values, self.baselines.attention if mod is attention else self.baselines.patch_embed
                 )
                 entry.max_abs, entry.tolerance = err, tol
-                if mod is patch_embed:
-                    if layouts and m.layout not in layouts:
-                        raise MatchFailure("one_layout", "a second patch embedding with another input layout")
-                    layouts.add(m.layout)
+                if mod is patch_embed and layouts and m.layout not in layouts:
+                    raise MatchFailure("one_layout", "a second patch embedding with another input layout")
                 mod.contained(graph, m)
+                if i in dropped:
+                    raise MatchFailure(*dropped[i])
             except MatchFailure as f:
                 entry.check, entry.detail = f.check, f.detail
                 continue
+            if mod is patch_embed:
+                layouts.add(m.layout)
             mod.replace(graph, m, index[entry.op])
             index[entry.op] += 1
             entry.replaced = True
             entry.attrs = mod.describe(m)
         graph.cleanup().toposort()
+        model = self.original
         plugin_model = gs.export_onnx(graph, do_type_check=False)
         plugin_model.ir_version = model.ir_version
         del plugin_model.opset_import[:]
@@ -105,24 +155,25 @@ class PluginInjection:
         reference_model = copy.deepcopy(plugin_model)
         functions = []
         if index[attention.OP]:
-            functions.append(attention_function(opset))
+            functions.append(attention_function(self.opset))
         if layouts:
-            functions.append(patch_embed_function(next(iter(layouts)), opset))
+            functions.append(patch_embed_function(next(iter(layouts)), self.opset))
         reference_model.functions.extend(functions)
         reference_model.ir_version = max(reference_model.ir_version, 8)
-        return Injection(plugin_model, reference_model, report)
+        return Injection(plugin_model, reference_model, report, self.canon, self)
 
-    def _record(self, model: onnx.ModelProto, tensors: list[Any]) -> dict[str, np.ndarray]:
-        """Run the plain model once on a seeded input and return the values of ``tensors``."""
+    def _record(self, tensors: list[Any]) -> dict[str, np.ndarray]:
+        """Run the canonical model once on a seeded input and return the values of ``tensors``."""
         import onnx
         import onnxruntime as ort
 
         from veo_edge.export.parity import seeded_inputs
 
+        model = self.canon.model
         input_name = model.graph.input[0].name
-        feeds = {input_name: seeded_inputs(self.input_shape, self.batch, self.seed)}
+        feeds = {input_name: seeded_inputs(self.opts.input_shape, self.opts.batch, self.opts.seed)}
         names = [n for n in dict.fromkeys(t.name for t in tensors) if n != input_name]
-        if not tensors:
+        if not names:
             return feeds
         probe = onnx.ModelProto()
         probe.CopyFrom(model)

@@ -87,6 +87,19 @@ def _prefix_const(t: Any) -> np.ndarray | None:
         t = n.inputs[0]
 
 
+def _prefix_tokens(t: Any, e: int) -> np.ndarray | None:
+    """The (1, P, E) tokens a concatenated prefix input holds: its constant, broadcast to the input's
+    token count (a class token stored as an (E,) or (1, E) vector and expanded to (N, 1, E))."""
+    v = _prefix_const(t)
+    shape = static_shape(t)
+    if v is None or shape is None or len(shape) != 3 or shape[1] is None or v.ndim > 3:
+        return v
+    try:
+        return np.broadcast_to(v, (1, shape[1], e)) if v.size in (e, shape[1] * e) else v
+    except ValueError:
+        return v
+
+
 def match(graph: Any, conv: Any) -> PatchEmbedMatch:
     w = const_value(conv.inputs[1]) if len(conv.inputs) > 1 else None
     if w is None or w.ndim not in (4, 5):
@@ -150,7 +163,7 @@ def match(graph: Any, conv: Any) -> PatchEmbedMatch:
                 raise MatchFailure(
                     "prefix_tokens", "tokens are concatenated after the patch tokens, not before"
                 )
-            parts = [_prefix_const(i) for i in n.inputs[:-1]]
+            parts = [_prefix_tokens(i, e) for i in n.inputs[:-1]]
             if any(p is None or p.ndim != 3 or p.shape[0] != 1 or p.shape[2] != e for p in parts):
                 raise MatchFailure(
                     "prefix_tokens", "a token concatenated before the patches is not a constant (1, p, E)"
