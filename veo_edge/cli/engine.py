@@ -40,8 +40,11 @@ def build_engine(
     """Build the engines for this GPU, compare and time them, record which one serves, and cache them."""
     from veo_edge.builddir import BuildDir
     from veo_edge.runtime.backends.tensorrt import _cuda_check, _cudart, _trt, default_config, select_engine
+    from veo_edge.runtime.backends.tensorrt_engine import model_source
 
     build = BuildDir.open(build_dir)
+    for variant in ("plugins", "plain"):  # the engine sources are verified first, TensorRT or not
+        model_source(build, variant)
     _trt()  # TensorRT's absence is the reason a user most needs to read
     extra = {"pool_factor": pool_factor} if pool_factor is not None else {}
     config = default_config(build, precision, engine=engine, **extra)
