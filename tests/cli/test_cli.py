@@ -115,14 +115,19 @@ def test_infer_runs_a_npy_input_on_both_cpu_backends(tmp_path, nano_build):
 
 
 @pytest.mark.slow
-def test_default_build_end_to_end_on_vit_tiny(tmp_path):
-    """What the README's first command runs: the default model, default output directory."""
+def test_default_build_end_to_end_on_vit_digits(tmp_path):
+    """What the README's first command runs: the default model (trained on real data), default output
+    directory, its accuracy on the held-out test split measured by the build and shown by inspect."""
     r = veo("build", "--quiet", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    m = json.loads((tmp_path / "vit-tiny" / "manifest.json").read_text())
-    assert m["model"]["name"] == "vit-tiny" and m["input_shape"] == [3, 224, 224]
+    m = json.loads((tmp_path / "vit-digits" / "manifest.json").read_text())
+    assert m["model"]["name"] == "vit-digits" and m["input_shape"] == [1, 32, 32]
     assert all(p["passed"] for p in m["parity"])
-    assert m["outputs"][0]["shape"] == [-1, 1000]
+    assert m["outputs"][0]["shape"] == [-1, 10]
+    acc = m["cpu_precision"]["accuracy"]
+    assert acc["samples"] == 540 and acc["top1"]["openvino"]["f32"] > 90  # an untrained ViT scores ~10
+    r = veo("inspect", tmp_path / "vit-digits")
+    assert r.returncode == 0 and "top-1 on 540 labelled samples" in r.stdout, r.stderr
 
 
 def test_successful_build_says_where_and_what_next(tmp_path):

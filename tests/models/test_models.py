@@ -8,7 +8,7 @@ from veo_edge.models import DEFAULT_MODEL, ViTConfig, create_model, get_config, 
 def test_registry_lists_the_variants_and_default():
     names = list_models()
     assert {"vit-nano", "vit-tiny", "veo-video-tiny"} <= set(names)
-    assert DEFAULT_MODEL == "vit-tiny"
+    assert DEFAULT_MODEL == "vit-digits"
 
 
 def test_unknown_model_names_the_valid_ones():

@@ -11,7 +11,7 @@ from veo_edge.cli._common import console, print_json
 
 def build(
     model: str = typer.Option(
-        None, "--model", "-m", help="Built-in model (default: vit-tiny); see `veo-edge models`."
+        None, "--model", "-m", help="Built-in model (default: vit-digits); see `veo-edge models`."
     ),
     module: str = typer.Option(None, "--module", help="Your model: pkg.mod:factory returning an nn.Module."),
     onnx: Path = typer.Option(None, "--onnx", help="An existing ONNX ViT to build from."),
