@@ -86,13 +86,24 @@ def test_env_faults_reach_the_runtime(nano_build: Path, monkeypatch: pytest.Monk
         veo_edge.Runtime(nano_build, backend="openvino").start()
 
 
-def test_injected_oom_mid_run_under_concurrent_load(nano_build: Path) -> None:
+@pytest.mark.parametrize(
+    ("concurrency", "hint"), [(None, "LATENCY"), (3, "THROUGHPUT")], ids=["one-slot", "three-slots"]
+)
+def test_injected_oom_mid_run_under_concurrent_load(nano_build: Path, concurrency, hint) -> None:
     """8 threads x 25 samples; ONNX Runtime fails with OOM on its 6th batch; every sample is answered
-    once, correctly, and the switch to OpenVINO is visible."""
+    once, correctly, and the switch to OpenVINO is visible (also with three batches in flight at once,
+    onto OpenVINO's THROUGHPUT streams)."""
     x = seeded(200, (3, 32, 32), seed=7)
     want = reference(nano_build, x)
     faults = {"onnxruntime": {"oom_after": 5}}
-    rt = veo_edge.Runtime(nano_build, policy=CPU_CHAIN, faults=faults, max_queue_delay_ms=1.0).start()
+    rt = veo_edge.Runtime(
+        nano_build,
+        policy=CPU_CHAIN,
+        faults=faults,
+        max_queue_delay_ms=1.0,
+        concurrency=concurrency,
+        performance_hint=hint,
+    ).start()
     got: dict[int, np.ndarray] = {}
     errors: list[BaseException] = []
 
@@ -122,6 +133,38 @@ def test_injected_oom_mid_run_under_concurrent_load(nano_build: Path) -> None:
     assert (switch["from"], switch["to"]) == ("onnxruntime", "openvino")
     assert switch["reason"].startswith("InjectedOutOfMemoryError: CUDA out of memory: onnxruntime: injected")
     assert {c.name: c.status for c in st.candidates} == {"onnxruntime": "failed", "openvino": "active"}
+
+
+def test_throughput_streams_serve_batches_in_parallel_with_the_same_answers(nano_build: Path) -> None:
+    x = seeded(96, (3, 32, 32), seed=3)
+    want = reference(nano_build, x)
+    with veo_edge.Runtime(nano_build, backend="openvino", performance_hint="THROUGHPUT") as rt:
+        described = rt.describe()
+        assert described["performance_hint"] == "THROUGHPUT" and described["precision"] == "f32"
+        slots = described["infer_requests_in_flight"]
+        assert slots >= 1 and rt._batcher.slots == slots  # one batcher slot per OpenVINO infer request
+        got: dict[int, np.ndarray] = {}
+
+        def caller(t: int) -> None:
+            futs = {i: rt.submit(x[i]) for i in range(t, 96, 6)}
+            got.update({i: f.result(timeout=60) for i, f in futs.items()})
+
+        threads = [threading.Thread(target=caller, args=(t,)) for t in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats = rt.stats()
+    assert sorted(got) == list(range(96))
+    assert max(float(np.abs(got[i] - want[i]).max()) for i in range(96)) <= tolerance(nano_build)
+    assert sum(k * v for k, v in stats["batch_size_counts"].items()) == 96 == stats["requests_success"]
+
+
+def test_unknown_performance_hint_is_refused(nano_build: Path) -> None:
+    with pytest.raises(
+        UsageError, match="unknown performance hint 'FAST'; choose one of: LATENCY, THROUGHPUT"
+    ):
+        veo_edge.Runtime(nano_build, performance_hint="FAST")
 
 
 def test_forced_backend_does_not_fall_back(nano_build: Path) -> None:

@@ -9,12 +9,16 @@ from veo_edge.runtime.backends.base import Runner
 CPU_BACKENDS = ("openvino", "onnxruntime")
 
 
-def cpu_runner(build: BuildDir, backend: str, threads: int | None = None) -> Runner:
-    """The CPU runner ``backend`` over ``build``'s plain artifacts."""
+def cpu_runner(
+    build: BuildDir, backend: str, threads: int | None = None, performance_hint: str = "LATENCY"
+) -> Runner:
+    """The CPU runner ``backend`` over ``build``'s plain artifacts (``performance_hint``: OpenVINO's)."""
     if backend == "openvino":
         from veo_edge.runtime.backends.openvino import OpenVinoRunner
 
-        return OpenVinoRunner(build.artifact("openvino_xml"), max_batch=build.max_batch, threads=threads)
+        return OpenVinoRunner(
+            build.artifact("openvino_xml"), max_batch=build.max_batch, threads=threads, hint=performance_hint
+        )
     if backend == "onnxruntime":
         from veo_edge.runtime.backends.onnxruntime import OnnxRuntimeRunner
 

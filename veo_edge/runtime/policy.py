@@ -141,12 +141,14 @@ def probe_candidate(name: str, build: BuildDir, gpu_memory_budget: int | None = 
     raise UsageError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
 
 
-def make_runner(name: str, build: BuildDir, threads: int | None = None, **options: Any):
+def make_runner(
+    name: str, build: BuildDir, threads: int | None = None, performance_hint: str = "LATENCY", **options: Any
+):
     """The (inactive) runner for candidate ``name`` over ``build``'s artifacts."""
     if name in ("openvino", "onnxruntime"):
         from veo_edge.runtime.loaders import cpu_runner
 
-        return cpu_runner(build, name, threads=threads)
+        return cpu_runner(build, name, threads=threads, performance_hint=performance_hint)
     if name == "onnxruntime-cuda":
         from veo_edge.runtime.backends.onnxruntime import OnnxRuntimeRunner
 

@@ -19,6 +19,7 @@ injected through ``faults`` or ``$VEO_EDGE_FAULTS`` (see :mod:`veo_edge.runtime.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -42,7 +43,8 @@ from veo_edge.errors import (
     VeoEdgeError,
 )
 from veo_edge.runtime.backends.base import Runner, TensorMeta
-from veo_edge.runtime.batching import Batcher, BatcherStats, ClosedError
+from veo_edge.runtime.backends.openvino import PERFORMANCE_HINTS
+from veo_edge.runtime.batching import Arrival, Batcher, BatcherStats, ClosedError
 from veo_edge.runtime.faults import FaultyRunner, parse_faults, spec_for
 from veo_edge.runtime.policy import (
     BACKENDS,
@@ -110,6 +112,8 @@ class Runtime:
         faults: Mapping[str, Any] | str | None = None,
         threads: int | None = None,
         recover_interval_s: float | None = None,
+        concurrency: int | None = None,
+        performance_hint: str = "LATENCY",
     ) -> None:
         self.build = build_dir if isinstance(build_dir, BuildDir) else BuildDir.open(build_dir)
         self.backend = backend
@@ -125,6 +129,14 @@ class Runtime:
         self.max_queue = int(max_queue)
         self.threads = threads
         self.recover_interval_s = recover_interval_s
+        if concurrency is not None and concurrency < 1:
+            raise UsageError(f"concurrency must be >= 1 (batches in flight at once), got {concurrency}")
+        self.concurrency = concurrency  # None: what the first active backend runs in parallel
+        if performance_hint not in PERFORMANCE_HINTS:
+            raise UsageError(
+                f"unknown performance hint {performance_hint!r}; choose one of: {', '.join(PERFORMANCE_HINTS)}"
+            )
+        self.performance_hint = performance_hint  # OpenVINO: LATENCY, or THROUGHPUT streams in parallel
         manifest = self.build.manifest
         self.max_batch = self.build.max_batch
         self.input_shape = tuple(int(d) for d in manifest["input_shape"])
@@ -132,7 +144,10 @@ class Runtime:
         self.input_dtype = np.dtype(manifest["inputs"][0]["dtype"])
         self.output_name = manifest["outputs"][0]["name"]
 
-        self._exec_lock = threading.RLock()  # one batch at a time on the runner; switching under it too
+        # batches run on the runner under the gate's shared side, at most the runner's concurrency at
+        # once (_slots); activation, switching and closing take its exclusive side
+        self._exec_lock = _Gate()
+        self._slots = threading.BoundedSemaphore(1)
         self._state_lock = threading.Lock()
         self._runner: Runner | None = None
         self._active: int | None = None  # index into self.names
@@ -165,6 +180,7 @@ class Runtime:
                 self.max_batch,
                 self.max_queue_delay_ms,
                 self.max_queue,
+                slots=self.concurrency or _concurrency(self._runner),
             )
             self._started = True
         return self
@@ -177,7 +193,7 @@ class Runtime:
             self._closed = True
         if self._batcher is not None:
             self._batcher.close(drain=drain, timeout=timeout)
-            if self._batcher._thread.is_alive():  # timed out while draining: it releases nothing
+            if self._batcher.alive:  # timed out while draining: it releases nothing
                 log.warning("runtime closed with requests still running after %ss", timeout)
                 return
         with self._exec_lock:
@@ -216,7 +232,7 @@ class Runtime:
                 self._count_sync(len(chunk), (time.perf_counter_ns() - start) / 1e3, ok)
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
-    def submit(self, sample: np.ndarray) -> Future:
+    def submit(self, sample: np.ndarray, arrival: Arrival | None = None) -> Future:
         """Queue one sample (``input_shape`` or ``(1, *input_shape)``) for the dynamic batcher."""
         self._require_open()
         if not isinstance(sample, np.ndarray):
@@ -229,7 +245,14 @@ class Runtime:
             )
         self._check_dtype(sample)
         assert self._batcher is not None
-        return self._batcher.submit(sample.reshape(self.input_shape))
+        return self._batcher.submit(sample.reshape(self.input_shape), arrival)
+
+    def expect(self, n: int = 1) -> Arrival:
+        """Announce ``n`` samples a transport has begun to receive, so that a partial batch may wait for
+        them (within the queue delay); pass the result to :meth:`submit` or exit it as a context."""
+        self._require_open()
+        assert self._batcher is not None
+        return self._batcher.expect(n)
 
     def _check_dtype(self, x: np.ndarray) -> None:
         if x.dtype != self.input_dtype:
@@ -258,7 +281,13 @@ class Runtime:
 
     # -- selection and fallback -------------------------------------------------------------------
     def _make(self, name: str) -> Runner:
-        runner = make_runner(name, self.build, threads=self.threads, gpu_memory_budget=self.gpu_memory_budget)
+        runner = make_runner(
+            name,
+            self.build,
+            threads=self.threads,
+            performance_hint=self.performance_hint,
+            gpu_memory_budget=self.gpu_memory_budget,
+        )
         spec = spec_for(self.faults, name)
         return FaultyRunner(runner, spec, label=name) if spec is not None else runner
 
@@ -290,8 +319,7 @@ class Runtime:
         for i in range(first, len(self.names)):
             runner = self._try(i)
             if runner is not None:
-                self._runner, self._active = runner, i
-                self._set_status(self.names[i], "active")
+                self._use(runner, i)
                 log.info("backend %s active", self.names[i])
                 return
         tried = "; ".join(
@@ -308,27 +336,38 @@ class Runtime:
             + f" (tried {', '.join(self.names[first:]) or 'none'}): {tried or 'none left'}.{hint}"
         )
 
+    def _use(self, runner: Runner, index: int) -> None:
+        """Make ``runner`` the active one (under the exclusive side of the gate)."""
+        self._runner, self._active = runner, index
+        self._slots = threading.BoundedSemaphore(_concurrency(runner))
+        self._set_status(self.names[index], "active")
+
     def _run_batch(self, x: np.ndarray) -> np.ndarray:
-        """Run one batch on the active backend; on a backend failure switch to the next and re-run it."""
-        with self._exec_lock:
-            self._maybe_recover()
-            while True:
-                runner, index = self._runner, self._active
+        """Run one batch on the active backend; on a backend failure switch to the next and re-run it.
+
+        Several batches may run at once (the batcher's slots), up to the runner's own concurrency."""
+        self._maybe_recover()
+        while True:
+            with self._exec_lock.shared():
+                runner, index, slots = self._runner, self._active, self._slots
                 if runner is None or index is None:
                     raise NoBackendError(
                         "no backend is active (all failed or the runtime is closed); see runtime.state"
                     )
                 try:
-                    return runner.infer({self.input_name: x})[self.output_name]
+                    with slots:
+                        return runner.infer({self.input_name: x})[self.output_name]
                 except (InputError, UsageError):
                     raise
                 except VeoEdgeError as e:
                     error: Exception = e
                 except Exception as e:  # a runner bug or a library error it did not wrap
                     error = BackendError(f"{self.names[index]} failed: {type(e).__name__}: {e}")
-                if not self.fallback or index + 1 >= len(self.names):
-                    raise error
-                self._switch(index, error)
+            if not self.fallback or index + 1 >= len(self.names):
+                raise error
+            with self._exec_lock:
+                if self._runner is runner:  # not yet switched away by a concurrent batch
+                    self._switch(index, error)
 
     def _switch(self, index: int, error: Exception) -> None:
         failed = self.names[index]
@@ -370,8 +409,7 @@ class Runtime:
                 if self._runner is not None:
                     self._runner.deactivate()
                 self._set_status(old, "standby")
-                self._runner, self._active = runner, i
-                self._set_status(self.names[i], "active")
+                self._use(runner, i)
                 with self._state_lock:
                     self._switches.append(
                         {"from": old, "to": self.names[i], "reason": "recovered", "at": time.time()}
@@ -421,3 +459,57 @@ class Runtime:
             "active_backend": self.active_backend,
             "memory_pool": pool,
         }
+
+
+def _concurrency(runner: Runner | None) -> int:
+    """How many batches ``runner`` runs in parallel (its ``concurrency``; 1 when it does not say)."""
+    target = getattr(runner, "inner", runner)
+    return max(1, int(getattr(target, "concurrency", 1) or 1))
+
+
+class _Gate:
+    """Shared (batches running) / exclusive (activation, switch, close) access to the active runner.
+
+    The exclusive side is re-entrant for its owner and is also the gate's context manager; a thread that
+    holds it may take the shared side too. The standard library has no reader-writer lock."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._owner: int | None = None
+        self._depth = 0
+
+    @contextlib.contextmanager
+    def shared(self):
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner != me:
+                while self._owner is not None:
+                    self._cond.wait()
+                self._readers += 1
+        try:
+            yield
+        finally:
+            if self._owner != me:
+                with self._cond:
+                    self._readers -= 1
+                    self._cond.notify_all()
+
+    def __enter__(self) -> _Gate:
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner != me:
+                while self._owner is not None:
+                    self._cond.wait()
+                self._owner = me
+                while self._readers:
+                    self._cond.wait()
+            self._depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._depth -= 1
+            if not self._depth:
+                self._owner = None
+                self._cond.notify_all()
