@@ -19,6 +19,17 @@ def serve(
     infer_timeout: float = typer.Option(60.0, "--infer-timeout", help="Seconds before an infer gets 504."),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds SIGTERM waits for requests."),
     threads: int = typer.Option(None, "--threads", help="CPU backend threads (default: the backend's)."),
+    grpc_port: int = typer.Option(
+        8001, "--grpc-port", help="KServe v2 gRPC port (0: any free port; -1: off)."
+    ),
+    metrics_port: int = typer.Option(
+        8002, "--metrics-port", help="Separate Prometheus port (0: any free port; -1: off)."
+    ),
+    performance_hint: str = typer.Option(
+        "LATENCY",
+        "--performance-hint",
+        help="OpenVINO: LATENCY (one request at a time, all cores) or THROUGHPUT (streams in parallel).",
+    ),
 ) -> None:
     """Serve a build over HTTP (KServe v2 / Triton protocol, /metrics); SIGTERM drains and exits 0."""
     import asyncio
@@ -29,8 +40,13 @@ def serve(
     from veo_edge.serve.app import ServeOptions, serve_async
     from veo_edge.serve.http import Limits
 
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--port {port} is out of range; expected 0..65535")
+    for flag, value, least in (
+        ("--port", port, 0),
+        ("--grpc-port", grpc_port, -1),
+        ("--metrics-port", metrics_port, -1),
+    ):
+        if not least <= value <= 65535:
+            raise UsageError(f"{flag} {value} is out of range; expected {least}..65535")
     if max_request_bytes < 1024:
         raise UsageError(f"--max-request-bytes {max_request_bytes} is too small; expected at least 1024")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -41,6 +57,8 @@ def serve(
         limits=Limits(max_body_bytes=max_request_bytes),
         infer_timeout_s=infer_timeout,
         drain_timeout_s=drain_timeout,
+        grpc_port=None if grpc_port < 0 else grpc_port,
+        metrics_port=None if metrics_port < 0 else metrics_port,
     )
     runtime = Runtime(
         build_dir,
@@ -48,6 +66,7 @@ def serve(
         max_queue=max_queue,
         max_queue_delay_ms=max_queue_delay_ms,
         threads=threads,
+        performance_hint=performance_hint.upper(),
     ).start()
     try:
         code = asyncio.run(serve_async(runtime, options))

@@ -24,7 +24,13 @@ from veo_edge.errors import InputError, OverloadedError, VeoEdgeError
 from veo_edge.export.canary import Canary, CanaryResult, compare_canary
 from veo_edge.serve.health import canary_to_json, load_canary
 from veo_edge.serve.http import HttpServer, Limits, Request, Response
-from veo_edge.serve.metrics import HttpCounters, ServeCollector, make_registry, render
+from veo_edge.serve.metrics import (
+    HttpCounters,
+    ServeCollector,
+    make_registry,
+    render,
+    start_metrics_server,
+)
 from veo_edge.serve.protocol import (
     CONFIG_TYPES,
     ModelSpec,
@@ -60,6 +66,10 @@ class ServeOptions:
     #: an infer request not answered within this many seconds gets a 504
     infer_timeout_s: float = 60.0
     drain_timeout_s: float = 30.0
+    #: KServe v2 gRPC port (Triton's 8001; 0: any free port; None: no gRPC)
+    grpc_port: int | None = None
+    #: a separate Prometheus port (Triton's 8002; 0: any free port; None: only /metrics on the HTTP port)
+    metrics_port: int | None = None
 
 
 class InferenceService:
@@ -136,6 +146,70 @@ class InferenceService:
 
     def is_ready(self) -> bool:
         return bool(self.readiness()["ready"])
+
+    # -- transport-independent methods (HTTP and gRPC call these) --------------------------------
+    def model_spec(self, name: str, version: str | None = None) -> ModelSpec:
+        if name != self.model.name:
+            raise ProtocolError(f"unknown model {name!r}; this server serves {self.model.name!r}", 404)
+        if version not in (None, "", self.model.version):
+            raise ProtocolError(
+                f"model {name!r} has no version {version!r}; it has version {self.model.version!r}", 404
+            )
+        return self.model
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "veo-edge", "version": __version__, "extensions": EXTENSIONS}
+
+    def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
+        self.model_spec(name, version)
+        return json.loads(self._metadata().body[0])
+
+    def model_readiness(self, name: str, version: str | None = None) -> dict[str, Any]:
+        self.model_spec(name, version)
+        return self.readiness()
+
+    def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+        self.model_spec(name, version)
+        return json.loads(self._config().body[0])
+
+    def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+        if name is not None:
+            self.model_spec(name, version)
+        return json.loads(self._stats().body[0])
+
+    async def infer(self, name: str, version: str | None, request: Any) -> dict[str, np.ndarray]:
+        self.model_spec(name, version)
+        x = request.inputs[self.model.inputs[0].name]
+        futures = []
+        try:
+            with self.runtime.expect(request.batch) as arrival:
+                for i in range(request.batch):
+                    futures.append(self.runtime.submit(x[i], arrival))
+        except OverloadedError as e:
+            for f in futures:
+                f.cancel()
+            raise ProtocolError(f"overloaded: {e}", 503) from e
+        except InputError as e:
+            raise ProtocolError(str(e), 400) from e
+        except VeoEdgeError as e:
+            raise ProtocolError(f"the model cannot take requests now: {e}", 503) from e
+        try:
+            results = await asyncio.wait_for(
+                asyncio.gather(*(asyncio.wrap_future(f) for f in futures)), self.options.infer_timeout_s
+            )
+        except asyncio.TimeoutError as e:
+            raise ProtocolError(
+                f"inference did not finish within {self.options.infer_timeout_s} s", 504
+            ) from e
+        except OverloadedError as e:
+            raise ProtocolError(f"overloaded: {e}", 503) from e
+        except InputError as e:
+            raise ProtocolError(str(e), 400) from e
+        except VeoEdgeError as e:
+            raise ProtocolError(f"inference failed: {e}", 500) from e
+        out = np.stack(results) if len(results) > 1 else results[0][None]
+        self.infer_answered += 1
+        return {self.model.outputs[0].name: out}
 
     # -- routing --------------------------------------------------------------------------------
     async def handle(self, req: Request) -> Response:
@@ -306,8 +380,9 @@ class InferenceService:
         x = parsed.inputs[self.model.inputs[0].name]
         futures = []
         try:
-            for i in range(parsed.batch):
-                futures.append(self.runtime.submit(x[i]))
+            with self.runtime.expect(parsed.batch) as arrival:
+                for i in range(parsed.batch):
+                    futures.append(self.runtime.submit(x[i], arrival))
         except OverloadedError as e:
             for f in futures:
                 f.cancel()
@@ -349,6 +424,16 @@ async def serve_async(runtime: Any, options: ServeOptions, on_listening: Any = N
     loop = asyncio.get_running_loop()
     service = InferenceService(runtime, options)
     await loop.run_in_executor(None, service.run_canary)
+    grpc_server = None
+    if options.grpc_port is not None:
+        from veo_edge.serve.grpc import GrpcServer
+
+        grpc_server = GrpcServer(service, options.limits.max_body_bytes)
+        grpc_port = await grpc_server.start(options.host, options.grpc_port)
+        log.warning("veo-edge gRPC on %s:%d", options.host, grpc_port)
+    if options.metrics_port is not None:
+        metrics_port = start_metrics_server(service.registry, options.host, options.metrics_port)
+        log.warning("veo-edge metrics on http://%s:%d/metrics", options.host, metrics_port)
     port = await service.http.start(options.host, options.port)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -367,6 +452,8 @@ async def serve_async(runtime: Any, options: ServeOptions, on_listening: Any = N
     await stop.wait()
     log.warning("draining: %d requests in flight", service.http.in_flight)
     drained = await service.http.drain(options.drain_timeout_s)
+    if grpc_server is not None:
+        await grpc_server.stop(options.drain_timeout_s)
     await loop.run_in_executor(None, lambda: runtime.close(drain=True, timeout=options.drain_timeout_s))
     log.warning("stopped: answered %d infer requests; drained cleanly: %s", service.infer_answered, drained)
     return 0 if drained else 1

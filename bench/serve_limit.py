@@ -1,0 +1,200 @@
+"""`veo-edge serve` against the machine's limit: raw OpenVINO in-process vs the server over HTTP and gRPC.
+
+    python bench/serve_limit.py [--build-dir DIR] [--model vit-tiny] [--concurrency 1,2,4,8]
+                                [--seconds 5] [--rounds 2] [--hint LATENCY] [--perf-analyzer PATH]
+
+Rows, on the same OpenVINO IR at f32:
+- ``raw sync b1``: one LATENCY-compiled infer request, batch 1, back to back (what one client can get);
+- ``raw limit bN``: an ``AsyncInferQueue`` over a THROUGHPUT-compiled model (OpenVINO's streams, its
+  optimal number of infer requests) kept full at batch N for N in 1, 2, 4, 8; the best is the limit;
+- ``serve http|grpc cK``: one ``veo-edge serve`` process (``--performance-hint``), K closed-loop clients
+  sending batch-1 binary requests with ``tritonclient`` (threads) or, with ``--perf-analyzer``, with
+  Triton's perf_analyzer. Transports and concurrencies are interleaved, ``--rounds`` times; throughput is
+  the median over rounds, latency percentiles pool every round.
+
+All on loopback; bounded in time. The machine may be shared: check ``uptime`` first, and read the
+numbers as noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from _server import build_dir, percentiles, sample, server
+
+
+def raw_sync(xml: str, x: np.ndarray, seconds: float) -> dict:
+    import openvino as ov
+
+    from veo_edge.runtime.backends.openvino import compile_config
+
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(xml), "CPU", compile_config("f32", hint="LATENCY"))
+    request = compiled.create_infer_request()
+    for _ in range(5):
+        request.infer(x)
+    lat = []
+    stop = time.perf_counter() + seconds
+    while time.perf_counter() < stop:
+        t = time.perf_counter()
+        request.infer(x)
+        lat.append(time.perf_counter() - t)
+    return {"samples_s": len(lat) / sum(lat), **percentiles(lat)}
+
+
+def raw_limit(xml: str, x1: np.ndarray, batch: int, seconds: float) -> dict:
+    import openvino as ov
+
+    from veo_edge.runtime.backends.openvino import compile_config
+
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(xml), "CPU", compile_config("f32", hint="THROUGHPUT"))
+    nreq = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+    x = np.ascontiguousarray(np.repeat(x1, batch, 0))
+    queue = ov.AsyncInferQueue(compiled, nreq)
+    for _ in range(2 * nreq):
+        queue.start_async(x)
+    queue.wait_all()
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        queue.start_async(x)  # blocks while every infer request is busy
+        n += 1
+    queue.wait_all()
+    return {"samples_s": n * batch / (time.perf_counter() - start), "requests": nreq}
+
+
+def clients(transport: str, port: int, name: str, x: np.ndarray, k: int, seconds: float) -> dict:
+    if transport == "http":
+        import tritonclient.http as tc
+    else:
+        import tritonclient.grpc as tc
+
+    lat: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    start_at = time.perf_counter() + 0.5  # warm-up, not measured
+    stop_at = start_at + seconds
+
+    def worker() -> None:
+        client = tc.InferenceServerClient(f"127.0.0.1:{port}")
+        inp = tc.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        mine, bad = [], 0
+        while (now := time.perf_counter()) < stop_at:
+            try:
+                client.infer(name, [inp])
+            except Exception:  # counted, not fatal: a bench reports what it saw
+                bad += now >= start_at
+                continue
+            if now >= start_at:
+                mine.append(time.perf_counter() - now)
+        client.close()
+        with lock:
+            lat.extend(mine)
+            errors[0] += bad
+
+    threads = [threading.Thread(target=worker) for _ in range(k)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"samples_s": len(lat) / seconds, "lat": lat, "errors": errors[0]}
+
+
+def perf_analyzer(pa: str, transport: str, port: int, name: str, k: int, seconds: float) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "pa.csv"
+        cmd = [
+            pa,
+            "-m",
+            name,
+            "-u",
+            f"127.0.0.1:{port}",
+            "-i",
+            transport,
+            "--concurrency-range",
+            f"{k}:{k}",
+            "--measurement-interval",
+            str(int(seconds * 1000)),
+            "--percentile",
+            "50",
+            "-f",
+            str(out),
+        ]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=seconds * 10 + 60)
+        row = next(csv.DictReader(out.open()))
+    return {
+        "samples_s": float(row["Inferences/Second"]),
+        "p50": float(row["p50 latency"]),
+        "p99": float(row["p99 latency"]),
+        "errors": 0,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build-dir", default=None, help="default: a fresh build of --model")
+    ap.add_argument("--model", default="vit-tiny")
+    ap.add_argument("--concurrency", default="1,2,4,8")
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--hint", default="LATENCY", help="the server's --performance-hint")
+    ap.add_argument("--perf-analyzer", default=None, help="drive the server with this perf_analyzer binary")
+    args = ap.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    print(f"load: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (1-minute average)")
+    with build_dir(args.build_dir, args.model) as build:
+        from veo_edge.builddir import BuildDir
+
+        bd = BuildDir.open(build)
+        xml, name = str(bd.artifact("openvino_xml")), bd.model_name
+        x = sample(build, 1)
+        print(f"{name}, batch 1 per request, {args.seconds:g} s per cell; latency in ms")
+        sync = raw_sync(xml, x, args.seconds)
+        print(f"raw sync b1            {sync['samples_s']:8.1f} samples/s  p50 {sync['p50'] / 1e3:6.2f}")
+        limit = 0.0
+        for b in (1, 2, 4, 8):
+            if b > bd.max_batch:
+                break
+            r = raw_limit(xml, x, b, args.seconds)
+            limit = max(limit, r["samples_s"])
+            print(f"raw limit b{b} ({r['requests']} reqs) {r['samples_s']:8.1f} samples/s")
+        cells: dict[tuple[str, int], list[dict]] = {}
+        extra = ["--grpc-port", "0", "--metrics-port", "0", "--performance-hint", args.hint]
+        with server(build, "--max-queue", "4096", *extra, ports=True) as ports:
+            for _ in range(args.rounds):
+                for k in levels:
+                    for transport in ("http", "grpc"):
+                        port = ports[transport]
+                        if args.perf_analyzer:
+                            r = perf_analyzer(args.perf_analyzer, transport, port, name, k, args.seconds)
+                        else:
+                            r = clients(transport, port, name, x, k, args.seconds)
+                        cells.setdefault((transport, k), []).append(r)
+        print(f"{'':22} {'samples/s':>9} {'p50':>7} {'p99':>7} {'errors':>6} {'of limit':>8} {'p50-sync':>8}")
+        for k in levels:
+            for transport in ("http", "grpc"):
+                rs = cells[transport, k]
+                rate = statistics.median(r["samples_s"] for r in rs)
+                if "lat" in rs[0]:
+                    pct = percentiles([v for r in rs for v in r["lat"]] or [0.0])
+                else:
+                    pct = {"p50": statistics.median(r["p50"] for r in rs), "p99": max(r["p99"] for r in rs)}
+                print(
+                    f"serve {transport:4} c{k:<11} {rate:9.1f} {pct['p50'] / 1e3:7.2f} {pct['p99'] / 1e3:7.2f} "
+                    f"{sum(r['errors'] for r in rs):6d} {rate / limit:8.0%} "
+                    f"{(pct['p50'] - sync['p50']) / 1e3:+8.2f}"
+                )
+
+
+if __name__ == "__main__":
+    main()
