@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 @pytest.fixture(scope="module")
 def two_models(nano_build: Path, video_nano_build: Path, serve_module):
-    return serve_module(nano_build)
+    return serve_module([nano_build, video_nano_build])
 
 
 @pytest.fixture

@@ -8,7 +8,11 @@ import typer
 
 
 def serve(
-    build_dir: Path = typer.Argument(..., help="A build directory made by `veo-edge build`."),
+    build_dirs: list[Path] = typer.Argument(
+        ...,
+        help="Build directories made by `veo-edge build`, or model repositories (folders of them).",
+        metavar="DIR...",
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (0.0.0.0 for all interfaces)."),
     port: int = typer.Option(8000, "--port", "-p", help="Port to listen on (0: any free port)."),
     model_name: str = typer.Option(None, "--model-name", help="Name to serve under (default: the build's)."),
@@ -31,7 +35,10 @@ def serve(
         help="OpenVINO: LATENCY (one request at a time, all cores) or THROUGHPUT (streams in parallel).",
     ),
 ) -> None:
-    """Serve a build over HTTP (KServe v2 / Triton protocol, /metrics); SIGTERM drains and exits 0."""
+    """Serve builds over HTTP and gRPC (KServe v2 / Triton protocol, /metrics); SIGTERM drains, exits 0.
+
+    Several models: several DIRs, or a folder of build directories (each subfolder a model, named by
+    its folder); each model has its own runtime, batcher and readiness."""
     import asyncio
     import logging
 
@@ -39,6 +46,7 @@ def serve(
     from veo_edge.runtime.runtime import Runtime
     from veo_edge.serve.app import ServeOptions, serve_async
     from veo_edge.serve.http import Limits
+    from veo_edge.serve.repository import find_models
 
     for flag, value, least in (
         ("--port", port, 0),
@@ -60,18 +68,21 @@ def serve(
         grpc_port=None if grpc_port < 0 else grpc_port,
         metrics_port=None if metrics_port < 0 else metrics_port,
     )
-    runtime = Runtime(
-        build_dir,
-        backend=backend,
-        max_queue=max_queue,
-        max_queue_delay_ms=max_queue_delay_ms,
-        threads=threads,
-        performance_hint=performance_hint.upper(),
-    ).start()
+    runtimes: dict[str, Runtime] = {}
     try:
-        code = asyncio.run(serve_async(runtime, options))
+        for entry in find_models(build_dirs, model_name):  # each model: its own runtime and batcher
+            runtimes[entry.name] = Runtime(
+                entry.build,
+                backend=backend,
+                max_queue=max_queue,
+                max_queue_delay_ms=max_queue_delay_ms,
+                threads=threads,
+                performance_hint=performance_hint.upper(),
+            ).start()
+        code = asyncio.run(serve_async(runtimes, options))
     finally:
-        runtime.close(drain=False)
+        for runtime in runtimes.values():
+            runtime.close(drain=False)
     raise typer.Exit(code)
 
 

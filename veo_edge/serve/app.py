@@ -419,41 +419,86 @@ class InferenceService:
         )
 
 
-async def serve_async(runtime: Any, options: ServeOptions, on_listening: Any = None) -> int:
-    """Serve until SIGTERM/SIGINT, then drain; returns the exit status (0 after a clean drain)."""
+class ModelSetHttp:
+    """HTTP routing over a :class:`~veo_edge.serve.repository.ModelSet`: model routes go to their
+    model's service, readiness and metrics are the server's (every model ready; one registry)."""
+
+    def __init__(self, models: Any, options: ServeOptions) -> None:
+        from veo_edge.serve.repository import merged_registry
+
+        self.models = models
+        self.first = next(iter(models.services.values()))
+        self.registry = merged_registry([svc.registry for svc in models.services.values()])
+        self.http = HttpServer(self.handle, error_body, options.limits)
+        for svc in models.services.values():
+            svc.http = self.http  # readiness sees the one server's draining
+
+    async def handle(self, req: Request) -> Response:
+        path = req.path.rstrip("/") or "/"
+        m = _MODEL_ROUTE.match(path)
+        if m is not None:
+            svc = self.models.services.get(m.group(1))
+            if svc is None:
+                self.first.counters.responses[(m.group(3) or "/model").lstrip("/"), 404] += 1
+                return _error(
+                    404, f"unknown model {m.group(1)!r}; this server serves: {', '.join(self.models.names)}"
+                )
+            return await svc.handle(req)
+        if path == "/v2/health/ready" and req.method == "GET":
+            ready = self.models.readiness()
+            self.first.counters.responses[("ready", 200 if ready["ready"] else 503)] += 1
+            return _json(200 if ready["ready"] else 503, ready)
+        if path == "/metrics" and req.method == "GET":
+            body, ctype = render(self.registry)
+            self.first.counters.responses[("metrics", 200)] += 1
+            return Response(200, [body], content_type=ctype)
+        return await self.first.handle(req)
+
+
+async def serve_async(runtimes: dict[str, Any], options: ServeOptions, on_listening: Any = None) -> int:
+    """Serve every model of ``runtimes`` (name -> started runtime) until SIGTERM/SIGINT, then drain;
+    returns the exit status (0 after a clean drain)."""
+    from dataclasses import replace
+
+    from veo_edge.serve.repository import ModelSet
+
     loop = asyncio.get_running_loop()
-    service = InferenceService(runtime, options)
-    await loop.run_in_executor(None, service.run_canary)
+    services = {
+        name: InferenceService(rt, replace(options, model_name=name)) for name, rt in runtimes.items()
+    }
+    for svc in services.values():
+        await loop.run_in_executor(None, svc.run_canary)
+    models = ModelSet(services)
+    front = ModelSetHttp(models, options)
     grpc_server = None
     if options.grpc_port is not None:
         from veo_edge.serve.grpc import GrpcServer
 
-        grpc_server = GrpcServer(service, options.limits.max_body_bytes)
+        grpc_server = GrpcServer(models, options.limits.max_body_bytes)
         grpc_port = await grpc_server.start(options.host, options.grpc_port)
         log.warning("veo-edge gRPC on %s:%d", options.host, grpc_port)
     if options.metrics_port is not None:
-        metrics_port = start_metrics_server(service.registry, options.host, options.metrics_port)
+        metrics_port = start_metrics_server(front.registry, options.host, options.metrics_port)
         log.warning("veo-edge metrics on http://%s:%d/metrics", options.host, metrics_port)
-    port = await service.http.start(options.host, options.port)
+    port = await front.http.start(options.host, options.port)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    ready = service.readiness()
-    log.warning(
-        "veo-edge serving %r on http://%s:%d (backend %s, ready: %s)",
-        service.model.name,
-        options.host,
-        port,
-        ready["active_backend"],
-        ready.get("reason", "yes"),
-    )
+    for name, svc in services.items():
+        ready = svc.readiness()
+        log.warning(
+            "model %r: backend %s, ready: %s", name, ready["active_backend"], ready.get("reason", "yes")
+        )
+    log.warning("veo-edge serving %s on http://%s:%d", ", ".join(map(repr, services)), options.host, port)
     if on_listening is not None:
         on_listening(port)
     await stop.wait()
-    log.warning("draining: %d requests in flight", service.http.in_flight)
-    drained = await service.http.drain(options.drain_timeout_s)
+    log.warning("draining: %d requests in flight", front.http.in_flight)
+    drained = await front.http.drain(options.drain_timeout_s)
     if grpc_server is not None:
         await grpc_server.stop(options.drain_timeout_s)
-    await loop.run_in_executor(None, lambda: runtime.close(drain=True, timeout=options.drain_timeout_s))
-    log.warning("stopped: answered %d infer requests; drained cleanly: %s", service.infer_answered, drained)
+    for rt in runtimes.values():
+        await loop.run_in_executor(None, lambda rt=rt: rt.close(drain=True, timeout=options.drain_timeout_s))
+    answered = sum(svc.infer_answered for svc in services.values())
+    log.warning("stopped: answered %d infer requests; drained cleanly: %s", answered, drained)
     return 0 if drained else 1
