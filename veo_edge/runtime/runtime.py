@@ -144,6 +144,9 @@ class Runtime:
         self._switches: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._fallback_count = 0  # failures switched away from, counted beyond the history's length
         self._sync = _Counters()
+        #: batch size -> total compute time (us) of the batches of that size, both paths (Triton batch_stats)
+        self._batch_compute_us: dict[int, float] = {}
+        self._last_inference_ms = 0
         self._batcher: Batcher | None = None
         self._started = False
         self._closed = False
@@ -312,6 +315,7 @@ class Runtime:
         """Run one batch on the active backend; on a backend failure switch to the next and re-run it."""
         with self._exec_lock:
             self._maybe_recover()
+            start = time.perf_counter_ns()
             while True:
                 runner, index = self._runner, self._active
                 if runner is None or index is None:
@@ -319,7 +323,13 @@ class Runtime:
                         "no backend is active (all failed or the runtime is closed); see runtime.state"
                     )
                 try:
-                    return runner.infer({self.input_name: x})[self.output_name]
+                    out = runner.infer({self.input_name: x})[self.output_name]
+                    us = (time.perf_counter_ns() - start) / 1e3
+                    with self._state_lock:
+                        n = len(x)
+                        self._batch_compute_us[n] = self._batch_compute_us.get(n, 0.0) + us
+                        self._last_inference_ms = int(time.time() * 1000)
+                    return out
                 except (InputError, UsageError):
                     raise
                 except VeoEdgeError as e:
@@ -356,20 +366,23 @@ class Runtime:
             self.try_recover()
 
     def try_recover(self) -> bool:
-        """Try to return to a candidate ahead of the active one (e.g. the GPU after an OOM); True if moved."""
+        """Try to return to a candidate ahead of the active one (e.g. the GPU after an OOM), or to any
+        candidate when every one had failed; True if moved."""
         with self._exec_lock:
-            if self._active is None or self._closed:
+            if self._closed or not self._started:
                 return False
-            for i in range(self._active):
+            upto = len(self.names) if self._active is None else self._active
+            for i in range(upto):
                 if self._status[self.names[i]].status == "disabled":
                     continue
                 runner = self._try(i)
                 if runner is None:
                     continue
-                old = self.names[self._active]
+                old = "none" if self._active is None else self.names[self._active]
                 if self._runner is not None:
                     self._runner.deactivate()
-                self._set_status(old, "standby")
+                if self._active is not None:
+                    self._set_status(old, "standby")
                 self._runner, self._active = runner, i
                 self._set_status(self.names[i], "active")
                 with self._state_lock:
@@ -409,6 +422,8 @@ class Runtime:
         with self._state_lock:
             out = self._sync.add(b)
             switches = self._fallback_count
+            compute = dict(sorted(self._batch_compute_us.items()))
+            last = self._last_inference_ms
         pool = None
         runner = self._runner
         target = getattr(runner, "inner", runner)
@@ -418,6 +433,8 @@ class Runtime:
             **out,
             "pending": self._batcher.pending if self._batcher is not None else 0,
             "fallback_switches": switches,
+            "batch_compute_us": compute,
+            "last_inference_ms": last,
             "active_backend": self.active_backend,
             "memory_pool": pool,
         }
