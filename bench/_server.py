@@ -33,13 +33,16 @@ def build_dir(path: str | None, model: str = "vit-nano") -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def server(build: Path, *args: str, timeout: float = 120.0) -> Iterator[int]:
-    """Start ``veo-edge serve BUILD --port 0 ARGS`` on 127.0.0.1, wait until ready, yield the port; SIGTERM at exit."""
+def server(build: Path, *args: str, timeout: float = 120.0, env: dict | None = None) -> Iterator[int]:
+    """Start ``veo-edge serve BUILD --port 0 ARGS`` on 127.0.0.1, wait until ready, yield the port; SIGTERM at exit.
+
+    ``env`` is added to the server's environment (``PYTHONPATH`` serves another checkout's code)."""
     with tempfile.NamedTemporaryFile("w+", suffix=".log") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "veo_edge.cli.main", "serve", str(build), "--port", "0", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
         )
         try:
             deadline = time.monotonic() + timeout

@@ -17,7 +17,15 @@ def serve(
     port: int = typer.Option(8000, "--port", "-p", help="Port to listen on (0: any free port)."),
     model_name: str = typer.Option(None, "--model-name", help="Name to serve under (default: the build's)."),
     backend: str = typer.Option("auto", "--backend", "-b", help="auto, tensorrt, onnxruntime or openvino."),
+    policy: str = typer.Option(
+        None,
+        "--policy",
+        help="Fallback order with --backend auto, comma-separated (e.g. openvino,onnxruntime on a CPU host).",
+    ),
     max_request_bytes: int = typer.Option(64 << 20, "--max-request-bytes", help="Largest request body."),
+    max_buffered_bytes: int = typer.Option(
+        256 << 20, "--max-buffered-bytes", help="Request-body bytes held across all connections (503 above)."
+    ),
     max_queue: int = typer.Option(256, "--max-queue", help="Samples queued before requests get 503."),
     max_queue_delay_ms: float = typer.Option(2.0, "--max-queue-delay-ms", help="Batching window."),
     infer_timeout: float = typer.Option(60.0, "--infer-timeout", help="Seconds before an infer gets 504."),
@@ -41,12 +49,13 @@ def serve(
     its folder); each model has its own runtime, batcher and readiness."""
     import asyncio
     import logging
+    from collections.abc import Callable
 
     from veo_edge.errors import UsageError
     from veo_edge.runtime.runtime import Runtime
     from veo_edge.serve.app import ServeOptions, serve_async
-    from veo_edge.serve.http import Limits
     from veo_edge.serve.repository import find_models
+    from veo_edge.serve.transport import Limits
 
     for flag, value, least in (
         ("--port", port, 0),
@@ -57,29 +66,44 @@ def serve(
             raise UsageError(f"{flag} {value} is out of range; expected {least}..65535")
     if max_request_bytes < 1024:
         raise UsageError(f"--max-request-bytes {max_request_bytes} is too small; expected at least 1024")
+    if max_buffered_bytes < max_request_bytes:
+        raise UsageError(
+            f"--max-buffered-bytes {max_buffered_bytes} is below --max-request-bytes {max_request_bytes}; "
+            "the server could never hold one largest request"
+        )
+    names = [p.strip() for p in policy.split(",") if p.strip()] if policy is not None else None
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     options = ServeOptions(
         host=host,
         port=port,
         model_name=model_name,
-        limits=Limits(max_body_bytes=max_request_bytes),
+        limits=Limits(max_body_bytes=max_request_bytes, max_buffered_bytes=max_buffered_bytes),
         infer_timeout_s=infer_timeout,
         drain_timeout_s=drain_timeout,
         grpc_port=None if grpc_port < 0 else grpc_port,
         metrics_port=None if metrics_port < 0 else metrics_port,
     )
-    runtimes: dict[str, Runtime] = {}
-    try:
-        for entry in find_models(build_dirs, model_name):  # each model: its own runtime and batcher
-            runtimes[entry.name] = Runtime(
-                entry.build,
+
+    def runtime_for(build) -> Callable[[], Runtime]:
+        def make() -> Runtime:  # also what POST /v2/repository/models/NAME/load calls after an unload
+            return Runtime(
+                build,
                 backend=backend,
+                policy=names,
                 max_queue=max_queue,
                 max_queue_delay_ms=max_queue_delay_ms,
                 threads=threads,
                 performance_hint=performance_hint.upper(),
             ).start()
-        code = asyncio.run(serve_async(runtimes, options))
+
+        return make
+
+    makers = {entry.name: runtime_for(entry.build) for entry in find_models(build_dirs, model_name)}
+    runtimes: dict[str, Runtime] = {}
+    try:
+        for name, make in makers.items():  # each model: its own runtime, batcher and readiness
+            runtimes[name] = make()
+        code = asyncio.run(serve_async(runtimes, options, make_runtime=makers))
     finally:
         for runtime in runtimes.values():
             runtime.close(drain=False)

@@ -159,6 +159,9 @@ class Runtime:
         self._switches: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._fallback_count = 0  # failures switched away from, counted beyond the history's length
         self._sync = _Counters()
+        #: batch size -> total compute time (us) of the batches of that size, both paths (Triton batch_stats)
+        self._batch_compute_us: dict[int, float] = {}
+        self._last_inference_ms = 0
         self._batcher: Batcher | None = None
         self._started = False
         self._closed = False
@@ -347,6 +350,7 @@ class Runtime:
 
         Several batches may run at once (the batcher's slots), up to the runner's own concurrency."""
         self._maybe_recover()
+        start = time.perf_counter_ns()
         while True:
             with self._exec_lock.shared():
                 runner, index, slots = self._runner, self._active, self._slots
@@ -356,7 +360,13 @@ class Runtime:
                     )
                 try:
                     with slots:
-                        return runner.infer({self.input_name: x})[self.output_name]
+                        out = runner.infer({self.input_name: x})[self.output_name]
+                    us = (time.perf_counter_ns() - start) / 1e3
+                    with self._state_lock:
+                        n = len(x)
+                        self._batch_compute_us[n] = self._batch_compute_us.get(n, 0.0) + us
+                        self._last_inference_ms = int(time.time() * 1000)
+                    return out
                 except (InputError, UsageError):
                     raise
                 except VeoEdgeError as e:
@@ -395,20 +405,23 @@ class Runtime:
             self.try_recover()
 
     def try_recover(self) -> bool:
-        """Try to return to a candidate ahead of the active one (e.g. the GPU after an OOM); True if moved."""
+        """Try to return to a candidate ahead of the active one (e.g. the GPU after an OOM), or to any
+        candidate when every one had failed; True if moved."""
         with self._exec_lock:
-            if self._active is None or self._closed:
+            if self._closed or not self._started:
                 return False
-            for i in range(self._active):
+            upto = len(self.names) if self._active is None else self._active
+            for i in range(upto):
                 if self._status[self.names[i]].status == "disabled":
                     continue
                 runner = self._try(i)
                 if runner is None:
                     continue
-                old = self.names[self._active]
+                old = "none" if self._active is None else self.names[self._active]
                 if self._runner is not None:
                     self._runner.deactivate()
-                self._set_status(old, "standby")
+                if self._active is not None:
+                    self._set_status(old, "standby")
                 self._use(runner, i)
                 with self._state_lock:
                     self._switches.append(
@@ -447,6 +460,8 @@ class Runtime:
         with self._state_lock:
             out = self._sync.add(b)
             switches = self._fallback_count
+            compute = dict(sorted(self._batch_compute_us.items()))
+            last = self._last_inference_ms
         pool = None
         runner = self._runner
         target = getattr(runner, "inner", runner)
@@ -456,6 +471,8 @@ class Runtime:
             **out,
             "pending": self._batcher.pending if self._batcher is not None else 0,
             "fallback_switches": switches,
+            "batch_compute_us": compute,
+            "last_inference_ms": last,
             "active_backend": self.active_backend,
             "memory_pool": pool,
         }

@@ -66,9 +66,39 @@ class ModelSet:
     """The service object over several per-model services: the same methods, dispatched by model name."""
 
     def __init__(self, services: dict[str, Any]) -> None:
+        from veo_edge.serve.metrics import HttpCounters
+
         if not services:
             raise UsageError("a model set needs at least one model")
         self.services = dict(services)
+        #: what the transports count (responses by route and status); each model counts its own rejections
+        self.counters = HttpCounters()
+        self.registry = merged_registry(
+            [svc.registry for svc in self.services.values()] + [_counters_registry(self.counters)]
+        )
+        self._draining = False
+
+    async def start(self) -> None:
+        for svc in self.services.values():
+            await svc.start()
+
+    async def close(self) -> None:
+        for svc in self.services.values():
+            await svc.close()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self._draining = value
+        for svc in self.services.values():
+            svc.draining = value
+
+    @property
+    def infer_answered(self) -> int:
+        return sum(svc.infer_answered for svc in self.services.values())
 
     # -- dispatch -------------------------------------------------------------------------------
     def service(self, name: str) -> Any:
@@ -97,6 +127,29 @@ class ModelSet:
     async def infer(self, name: str, version: str | None, request: Any) -> dict[str, Any]:
         return await self.service(name).infer(name, version, request)
 
+    def model_labels(self, name: str) -> list[str] | None:
+        return self.service(name).model_labels(name)
+
+    def canary_json(self, name: str, version: str | None = None) -> bytes:
+        return self.service(name).canary_json(name, version)
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        return [e for svc in self.services.values() for e in svc.repository_index(ready_only)]
+
+    def _repo_service(self, name: str, action: str) -> Any:
+        if name not in self.services:
+            raise ProtocolError(
+                f"cannot {action} model {name!r}: the repository holds only {', '.join(sorted(self.services))}",
+                400,
+            )
+        return self.services[name]
+
+    async def load_model(self, name: str) -> None:
+        await self._repo_service(name, "load").load_model(name)
+
+    async def unload_model(self, name: str) -> None:
+        await self._repo_service(name, "unload").unload_model(name)
+
     # -- server-wide ----------------------------------------------------------------------------
     @property
     def names(self) -> list[str]:
@@ -123,6 +176,9 @@ class ModelSet:
 
     def is_ready(self) -> bool:
         return bool(self.readiness()["ready"])
+
+    def live(self) -> dict[str, Any]:
+        return {"live": True, "models": {name: svc.live() for name, svc in self.services.items()}}
 
 
 #: families whose samples carry no model label and count per service: summed across the services
@@ -153,6 +209,31 @@ class MergedCollector:
         for name, family in families.items():
             family.samples = list(samples[name].values())
             yield family
+
+
+class _CountersCollector:
+    """The transports' response counts of a model set (the per-model collectors see none of them)."""
+
+    def __init__(self, counters: Any) -> None:
+        self.counters = counters
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        http = CounterMetricFamily(
+            "veo_edge_http_responses", "HTTP responses by route and status", labels=["route", "code"]
+        )
+        for (endpoint, code), n in sorted(self.counters.responses.items()):
+            http.add_metric([endpoint, str(code)], n)
+        yield http
+
+
+def _counters_registry(counters: Any) -> Any:
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_CountersCollector(counters))
+    return registry
 
 
 def merged_registry(registries: Sequence[Any]) -> Any:
