@@ -169,8 +169,7 @@ def main() -> None:
             limit = max(limit, r["samples_s"])
             print(f"raw limit b{b} ({r['requests']} reqs) {r['samples_s']:8.1f} samples/s")
         cells: dict[tuple[str, int], list[dict]] = {}
-        extra = ["--grpc-port", "0", "--metrics-port", "0", "--performance-hint", args.hint]
-        with server(build, "--max-queue", "4096", *extra, ports=True) as ports:
+        with server(build, "--max-queue", "4096", "--performance-hint", args.hint, ports=True) as ports:
             for _ in range(args.rounds):
                 for k in levels:
                     for transport in ("http", "grpc"):
