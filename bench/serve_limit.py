@@ -125,8 +125,10 @@ def perf_analyzer(pa: str, transport: str, port: int, name: str, k: int, seconds
             f"{k}:{k}",
             "--measurement-interval",
             str(int(seconds * 1000)),
-            "--percentile",
-            "50",
+            "--max-trials",
+            "3",  # bounded: a shared machine may never look stable
+            "--stability-percentage",
+            "100",
             "-f",
             str(out),
         ]

@@ -11,7 +11,7 @@ def serve(
     build_dirs: list[Path] = typer.Argument(
         ...,
         help="Build directories made by `veo-edge build`, or model repositories (folders of them).",
-        metavar="DIR...",
+        metavar="DIR",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (0.0.0.0 for all interfaces)."),
     port: int = typer.Option(8000, "--port", "-p", help="Port to listen on (0: any free port)."),

@@ -233,7 +233,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         version = _version(request.model_version)
         try:
             model = self.service.model_spec(request.model_name, version)
-            parsed = parse_infer_request(request, model)
+            try:
+                parsed = parse_infer_request(request, model)
+            except ProtocolError:
+                self.service.counters.infer_rejected["INVALID"] += 1
+                raise
             outputs = await self.service.infer(request.model_name, version, parsed)
         except ProtocolError as e:
             await context.abort(STATUS_CODES.get(e.status, grpc.StatusCode.UNKNOWN), str(e))
