@@ -118,6 +118,21 @@ def test_samples_queued_while_the_slot_is_busy_fill_the_next_batches() -> None:
     assert s.batch_size_counts == {1: 1, 4: 1, 3: 1} and s.batches == 3
 
 
+def test_a_requests_samples_are_queued_at_once_and_share_a_batch() -> None:
+    b = Batcher(double, SHAPE, "float32", max_batch=8, max_delay_ms=0, max_queue=8)
+    x = np.arange(8 * 12, dtype=np.float32).reshape(8, *SHAPE)
+    futs = b.submit_many(list(x))
+    got = np.stack([f.result(timeout=30) for f in futs])
+    np.testing.assert_array_equal(got, double(x))
+    assert b.stats().batch_size_counts == {8: 1}  # no window: all eight were queued before any ran
+    with pytest.raises(
+        OverloadedError, match=r"queue is full \(0 pending of 8; this request has 9 samples\)"
+    ):
+        b.submit_many(list(np.zeros((9, *SHAPE), np.float32)))  # all or nothing
+    assert b.pending == 0
+    b.close()
+
+
 def test_slots_run_batches_in_parallel() -> None:
     """Two slots: the second batch runs while the first is still running (a barrier both must reach)."""
     barrier, started = threading.Barrier(2, timeout=30), threading.Event()
@@ -148,7 +163,7 @@ def test_overload_is_rejected_at_once_and_accepted_work_completes() -> None:
     first = b.submit(np.ones(SHAPE, np.float32))
     assert started.wait(30)  # the first sample is running, the queue is empty
     queued = [b.submit(np.ones(SHAPE, np.float32)) for _ in range(2)]
-    with pytest.raises(OverloadedError, match=r"request queue is full \(2 pending\); retry later"):
+    with pytest.raises(OverloadedError, match=r"request queue is full \(2 pending of 2\); retry later"):
         b.submit(np.ones(SHAPE, np.float32))
     release.set()
     for f in [first, *queued]:
@@ -230,7 +245,7 @@ def test_cancelled_requests_do_not_hold_queue_slots() -> None:
         threading.Event().wait(0.01)
     assert b.pending == 0
     queued = b.submit(np.ones(SHAPE, np.float32))
-    with pytest.raises(OverloadedError, match=r"request queue is full \(1 pending\)"):
+    with pytest.raises(OverloadedError, match=r"request queue is full \(1 pending of 1\)"):
         b.submit(np.ones(SHAPE, np.float32))
     assert queued.cancel()
     later = b.submit(np.full(SHAPE, 3.0, np.float32))  # the cancelled sample's slot is free again

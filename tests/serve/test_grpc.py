@@ -176,3 +176,22 @@ def test_statistics_count_what_was_served(client) -> None:
     assert sorted(m["name"] for m in everything) == ["veo-video-nano", "vit-nano"]
     e = _grpc_error(client.get_inference_statistics, "vit-nope")
     assert e.status() == "StatusCode.NOT_FOUND"
+
+
+def test_a_requests_samples_run_as_one_batch(client, video_nano_build: Path) -> None:
+    """The eight samples of one request are queued at once: one execution of batch 8, not a split."""
+
+    def stats() -> tuple[int, dict[int, int]]:
+        s = client.get_inference_statistics("veo-video-nano", as_json=True)["model_stats"][0]
+        sizes = {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in s.get("batch_stats", [])}
+        return int(s.get("execution_count", 0)), sizes
+
+    shape = tuple(BuildDir.open(video_nano_build).manifest["input_shape"])
+    x = seeded_inputs(shape, 8, seed=2)
+    inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    executions, sizes = stats()
+    assert client.infer("veo-video-nano", [inp]).as_numpy("logits").shape == (8, 10)
+    executions_after, sizes_after = stats()
+    assert executions_after == executions + 1
+    assert sizes_after.get(8, 0) == sizes.get(8, 0) + 1

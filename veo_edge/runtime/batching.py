@@ -21,7 +21,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -148,26 +148,34 @@ class Batcher:
     def submit(self, sample: np.ndarray, arrival: Arrival | None = None) -> Future:
         """Queue one sample (already checked by the caller); its future resolves to its output row.
         ``arrival``: the announcement this sample fulfils (one of its samples is counted as come)."""
-        fut: Future = Future()
+        return self.submit_many([sample], arrival)[0]
+
+    def submit_many(self, samples: Sequence[np.ndarray], arrival: Arrival | None = None) -> list[Future]:
+        """Queue the samples of one request at once (all or, when the queue cannot hold them, none), so
+        that a batch forming meanwhile sees all of them; one future per sample."""
+        futures: list[Future] = [Future() for _ in samples]
         with self._cond:
             if arrival is not None and arrival.left:
-                arrival.left -= 1
-                self._arriving -= 1
+                k = min(len(samples), arrival.left)
+                arrival.left -= k
+                self._arriving -= k
             if not self._accepting:
                 raise ClosedError("the runtime is closed and accepts no more requests; start a new one")
-            if len(self._queue) >= self.max_queue:
-                # samples whose callers gave up (a multi-sample request rejected halfway) hold no slot
+            if len(self._queue) + len(samples) > self.max_queue:
+                # samples whose callers gave up hold no slot
                 live = [it for it in self._queue if not it.future.cancelled()]
                 if len(live) < len(self._queue):
                     self._queue = collections.deque(live)
-            if len(self._queue) >= self.max_queue:
+            if len(self._queue) + len(samples) > self.max_queue:
+                also = f"; this request has {len(samples)} samples" if len(samples) > 1 else ""
                 raise OverloadedError(
-                    f"request queue is full ({self.max_queue} pending); retry later, lower the request "
-                    "rate, or raise max_queue"
+                    f"request queue is full ({len(self._queue)} pending of {self.max_queue}{also}); retry "
+                    "later, lower the request rate, or raise max_queue"
                 )
-            self._queue.append(_Item(sample, fut, time.perf_counter_ns()))
+            now = time.perf_counter_ns()
+            self._queue.extend(_Item(x, f, now) for x, f in zip(samples, futures, strict=True))
             self._cond.notify()
-        return fut
+        return futures
 
     @property
     def pending(self) -> int:

@@ -250,6 +250,21 @@ class Runtime:
         assert self._batcher is not None
         return self._batcher.submit(sample.reshape(self.input_shape), arrival)
 
+    def submit_many(self, x: np.ndarray, arrival: Arrival | None = None) -> list[Future]:
+        """Queue the samples of a batch ``(N, *input_shape)`` at once, all or none (a full queue raises
+        :class:`OverloadedError` and queues nothing); one future per sample."""
+        self._require_open()
+        if not isinstance(x, np.ndarray):
+            raise InputError(f"input is a {type(x).__name__}, expected a numpy array")
+        if x.ndim != len(self.input_shape) + 1 or tuple(x.shape[1:]) != self.input_shape or not x.shape[0]:
+            raise InputError(
+                f"input has shape {tuple(x.shape)}, expected (N, {', '.join(map(str, self.input_shape))}) "
+                "with N >= 1"
+            )
+        self._check_dtype(x)
+        assert self._batcher is not None
+        return self._batcher.submit_many(list(x), arrival)
+
     def expect(self, n: int = 1) -> Arrival:
         """Announce ``n`` samples a transport has begun to receive, so that a partial batch may wait for
         them (within the queue delay); pass the result to :meth:`submit` or exit it as a context."""

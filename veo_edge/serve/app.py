@@ -397,23 +397,34 @@ class InferenceService:
             log.warning("model %r unloaded", name)
 
     # -- inference ------------------------------------------------------------------------------
-    async def infer(self, name: str, version: str | None, request: InferRequest) -> dict[str, np.ndarray]:
-        """Run a parsed request; returns output name -> array (batch first). ProtocolError on failure."""
+    def expect(self, name: str) -> Any:
+        """Announce to model ``name``'s batcher that a request is arriving (a transport that has begun
+        receiving it): a batch forming meanwhile may wait for it, within the queue delay. Pass the
+        result to :meth:`infer`; exit it (a context manager) when done. ``None`` when there is nothing
+        to announce to."""
+        runtime = self.runtime
+        if name != self.model.name or runtime is None:
+            return None
+        try:
+            return runtime.expect(1)
+        except VeoEdgeError:  # closed or not started: infer says so
+            return None
+
+    async def infer(
+        self, name: str, version: str | None, request: InferRequest, arrival: Any = None
+    ) -> dict[str, np.ndarray]:
+        """Run a parsed request; returns output name -> array (batch first). ProtocolError on failure.
+        ``arrival``: what :meth:`expect` returned for this request, if the transport announced it."""
         model = self.model_spec(name, version)
         runtime = self.runtime
         if runtime is None:
             self.counters.infer_rejected["UNAVAILABLE"] += 1
             raise ProtocolError(f"model {name!r} is unloaded; POST /v2/repository/models/{name}/load", 503)
         x = request.inputs[model.inputs[0].name]
-        futures = []
         try:
-            # announced first, so that a batch forming meanwhile waits for all of this request's samples
-            with runtime.expect(request.batch) as arrival:
-                for i in range(request.batch):
-                    futures.append(runtime.submit(x[i], arrival))
+            # all of the request's samples at once (or none), so that they can share one batch
+            futures = runtime.submit_many(x, arrival)
         except OverloadedError as e:
-            for f in futures:
-                f.cancel()
             self.counters.infer_rejected["REJECTED"] += 1
             raise ProtocolError(f"overloaded: {e}", 503) from e
         except InputError as e:

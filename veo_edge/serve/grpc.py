@@ -231,6 +231,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         version = _version(request.model_version)
+        arrival = self.service.expect(request.model_name)  # a batch forming now may wait for it
         try:
             model = self.service.model_spec(request.model_name, version)
             try:
@@ -238,9 +239,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             except ProtocolError:
                 self.service.counters.infer_rejected["INVALID"] += 1
                 raise
-            outputs = await self.service.infer(request.model_name, version, parsed)
+            outputs = await self.service.infer(request.model_name, version, parsed, arrival)
         except ProtocolError as e:
             await context.abort(STATUS_CODES.get(e.status, grpc.StatusCode.UNKNOWN), str(e))
+        finally:
+            if arrival is not None:
+                arrival.done()
         return encode_infer_response(model, parsed, outputs)
 
 

@@ -132,10 +132,13 @@ class HttpApp:
         if scope["type"] != "http":
             return
         self.in_flight += 1
-        route, reserved = "unknown", 0
+        route, reserved, arrival = "unknown", 0, None
         try:
             try:
                 route, params = match_route(scope["method"], scope["path"])
+                if route == "model_infer":  # announced before its body is read: a batch may wait for it
+                    arrival = self.service.expect(params["name"])
+                    params = {**params, "arrival": arrival}
                 body, reserved = await self._read_body(scope, receive, route)
                 status, headers, payload = await self._handlers[route](scope, params, body)
                 close = False
@@ -148,6 +151,8 @@ class HttpApp:
         except _Disconnected:
             self.counters.responses[(route, 499)] += 1
         finally:
+            if arrival is not None:
+                arrival.done()
             self.buffered -= reserved
             self.in_flight -= 1
 
@@ -325,7 +330,7 @@ class HttpApp:
         except ProtocolError:
             self.service.counters.infer_rejected["INVALID"] += 1
             raise
-        outputs = await self.service.infer(name, version, parsed)
+        outputs = await self.service.infer(name, version, parsed, params.get("arrival"))
         chunks, out_hlen = encode_infer_response(model, parsed, outputs, self.service.model_labels(name))
         payload = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if out_hlen is None:

@@ -124,8 +124,14 @@ class ModelSet:
     def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
         return self.service(name).model_config(name, version)
 
-    async def infer(self, name: str, version: str | None, request: Any) -> dict[str, Any]:
-        return await self.service(name).infer(name, version, request)
+    def expect(self, name: str) -> Any:
+        svc = self.services.get(name)
+        return None if svc is None else svc.expect(name)
+
+    async def infer(
+        self, name: str, version: str | None, request: Any, arrival: Any = None
+    ) -> dict[str, Any]:
+        return await self.service(name).infer(name, version, request, arrival)
 
     def model_labels(self, name: str) -> list[str] | None:
         return self.service(name).model_labels(name)
