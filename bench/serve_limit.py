@@ -2,6 +2,7 @@
 
     python bench/serve_limit.py [--build-dir DIR] [--model vit-tiny] [--concurrency 1,2,4,8]
                                 [--seconds 5] [--rounds 2] [--hint LATENCY] [--perf-analyzer PATH]
+                                [--pytriton PYTHON]
 
 Rows, on the same OpenVINO IR at f32:
 - ``raw sync b1``: one LATENCY-compiled infer request, batch 1, back to back (what one client can get);
@@ -11,6 +12,9 @@ Rows, on the same OpenVINO IR at f32:
   sending batch-1 binary requests with ``tritonclient`` (threads) or, with ``--perf-analyzer``, with
   Triton's perf_analyzer. Transports and concurrencies are interleaved, ``--rounds`` times; throughput is
   the median over rounds, latency percentiles pool every round.
+- ``triton http|grpc cK`` (with ``--pytriton PYTHON``, a Python with nvidia-pytriton and openvino):
+  Triton through PyTriton on the same IR, same 2 ms queue delay (``bench/pytriton_server.py``),
+  interleaved with the rows above.
 
 All on loopback; bounded in time. The machine may be shared: check ``uptime`` first, and read the
 numbers as noisy.
@@ -19,8 +23,11 @@ numbers as noisy.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
+import signal
+import socket
 import statistics
 import subprocess
 import tempfile
@@ -128,7 +135,7 @@ def perf_analyzer(pa: str, transport: str, port: int, name: str, k: int, seconds
             "--max-trials",
             "3",  # bounded: a shared machine may never look stable
             "--stability-percentage",
-            "100",
+            "1000",
             "-f",
             str(out),
         ]
@@ -146,6 +153,36 @@ def perf_analyzer(pa: str, transport: str, port: int, name: str, k: int, seconds
     }
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def pytriton(python: str | None, build: Path, timeout: float = 180.0):
+    """Triton through PyTriton on ``build`` (``bench/pytriton_server.py``); yields its ports, or ``None``."""
+    if not python:
+        yield None
+        return
+    ports = {"http": _free_port(), "grpc": _free_port(), "metrics": _free_port()}
+    script = Path(__file__).with_name("pytriton_server.py")
+    with tempfile.NamedTemporaryFile("w+", suffix=".log") as log:
+        cmd = [python, str(script), str(build), *(f"--{k}-port={v}" for k, v in ports.items())]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout
+            while "pytriton ready" not in Path(log.name).read_text():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"PyTriton did not come up:\n{Path(log.name).read_text()[-3000:]}")
+                time.sleep(0.2)
+            yield ports
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build-dir", default=None, help="default: a fresh build of --model")
@@ -155,6 +192,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--hint", default="LATENCY", help="the server's --performance-hint")
     ap.add_argument("--perf-analyzer", default=None, help="drive the server with this perf_analyzer binary")
+    ap.add_argument("--pytriton", default=None, help="a Python with nvidia-pytriton: compare against Triton")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     print(f"load: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (1-minute average)")
@@ -174,31 +212,52 @@ def main() -> None:
             r = raw_limit(xml, x, b, args.seconds)
             limit = max(limit, r["samples_s"])
             print(f"raw limit b{b} ({r['requests']} reqs) {r['samples_s']:8.1f} samples/s")
-        cells: dict[tuple[str, int], list[dict]] = {}
-        with server(build, "--max-queue", "4096", "--performance-hint", args.hint, ports=True) as ports:
+        cells: dict[tuple[str, str, int], list[dict]] = {}
+        with (
+            server(build, "--max-queue", "4096", "--performance-hint", args.hint, ports=True) as ours,
+            pytriton(args.pytriton, build) as triton,
+        ):
+            targets = [("serve", t, ours[t]) for t in ("http", "grpc")]
+            targets += [("triton", t, triton[t]) for t in ("http", "grpc")] if triton else []
             for _ in range(args.rounds):
                 for k in levels:
-                    for transport in ("http", "grpc"):
-                        port = ports[transport]
+                    for who, transport, port in targets:
                         if args.perf_analyzer:
                             r = perf_analyzer(args.perf_analyzer, transport, port, name, k, args.seconds)
                         else:
                             r = clients(transport, port, name, x, k, args.seconds)
-                        cells.setdefault((transport, k), []).append(r)
+                        cells.setdefault((who, transport, k), []).append(r)
         print(f"{'':22} {'samples/s':>9} {'p50':>7} {'p99':>7} {'errors':>6} {'of limit':>8} {'p50-sync':>8}")
+        rates: dict[tuple[str, str, int], float] = {}
         for k in levels:
-            for transport in ("http", "grpc"):
-                rs = cells[transport, k]
-                rate = statistics.median(r["samples_s"] for r in rs)
+            for who, transport, _ in targets:
+                rs = cells[who, transport, k]
+                rate = _median(r["samples_s"] for r in rs)
+                rates[who, transport, k] = rate
                 if "lat" in rs[0]:
                     pct = percentiles([v for r in rs for v in r["lat"]] or [0.0])
                 else:
-                    pct = {"p50": statistics.median(r["p50"] for r in rs), "p99": max(r["p99"] for r in rs)}
+                    pct = {"p50": _median(r["p50"] for r in rs), "p99": _median(r["p99"] for r in rs)}
                 print(
-                    f"serve {transport:4} c{k:<11} {rate:9.1f} {pct['p50'] / 1e3:7.2f} {pct['p99'] / 1e3:7.2f} "
+                    f"{who:6} {transport:4} c{k:<10} {rate:9.1f} {pct['p50'] / 1e3:7.2f} {pct['p99'] / 1e3:7.2f} "
                     f"{sum(r['errors'] for r in rs):6d} {rate / limit:8.0%} "
                     f"{(pct['p50'] - sync['p50']) / 1e3:+8.2f}"
                 )
+
+        if triton:
+            print(
+                "serve / triton throughput: "
+                + ", ".join(
+                    f"{t} c{k} {rates['serve', t, k] / rates['triton', t, k]:.2f}x"
+                    for k in levels
+                    for t in ("http", "grpc")
+                )
+            )
+
+
+def _median(values) -> float:
+    vs = [v for v in values if v == v]  # NaN: a cell perf_analyzer could not measure
+    return statistics.median(vs) if vs else float("nan")
 
 
 if __name__ == "__main__":
