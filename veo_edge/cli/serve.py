@@ -25,11 +25,13 @@ def serve(
     max_queue: int = typer.Option(256, "--max-queue", help="Samples queued before requests get 503."),
     max_queue_delay_ms: float = typer.Option(2.0, "--max-queue-delay-ms", help="Batching window."),
     infer_timeout: float = typer.Option(60.0, "--infer-timeout", help="Seconds before an infer gets 504."),
+    read_timeout: float = typer.Option(
+        30.0, "--read-timeout", help="Seconds a request may take to arrive whole (408 after)."
+    ),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds SIGTERM waits for requests."),
     threads: int = typer.Option(None, "--threads", help="CPU backend threads (default: the backend's)."),
 ) -> None:
     """Serve a build over HTTP (KServe v2 / Triton protocol, /metrics); SIGTERM drains and exits 0."""
-    import asyncio
     import logging
 
     from veo_edge.errors import UsageError
@@ -46,13 +48,19 @@ def serve(
             f"--max-buffered-bytes {max_buffered_bytes} is below --max-request-bytes {max_request_bytes}; "
             "the server could never hold one largest request"
         )
+    if read_timeout <= 0:
+        raise UsageError(f"--read-timeout {read_timeout} must be positive")
     names = [p.strip() for p in policy.split(",") if p.strip()] if policy is not None else None
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     options = ServeOptions(
         host=host,
         port=port,
         model_name=model_name,
-        limits=Limits(max_body_bytes=max_request_bytes, max_buffered_bytes=max_buffered_bytes),
+        limits=Limits(
+            max_body_bytes=max_request_bytes,
+            max_buffered_bytes=max_buffered_bytes,
+            read_timeout_s=read_timeout,
+        ),
         infer_timeout_s=infer_timeout,
         drain_timeout_s=drain_timeout,
     )
@@ -69,10 +77,21 @@ def serve(
 
     runtime = make_runtime()
     try:
-        code = asyncio.run(serve_async(runtime, options, make_runtime=make_runtime))
+        code = _run(serve_async(runtime, options, make_runtime=make_runtime))
     finally:
         runtime.close(drain=False)
     raise typer.Exit(code)
+
+
+def _run(coro):
+    """Run on uvloop where it is installed (a faster event loop, what uvicorn itself prefers)."""
+    import asyncio
+
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def register(app: typer.Typer) -> None:

@@ -447,6 +447,7 @@ async def serve_async(
     service = InferenceService(runtime, options, make_runtime)
     await service.start()
     app = HttpApp(service, options.limits)
+    app.prestart_decoder()
     server = HttpServer(app, options.limits, app.count_rejection)
 
     def listening(port: int) -> None:
