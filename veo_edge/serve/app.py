@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -204,7 +205,9 @@ class InferenceService:
             runtime = self.runtime
             if runtime is None or self.draining or not self._needs_recheck(runtime.state.to_dict()):
                 continue
-            await loop.run_in_executor(None, runtime.try_recover)
+            # a request failed on the active backend: try the earlier ones; none active: try any
+            only_if_none = self.backend_failure is None
+            await loop.run_in_executor(None, functools.partial(runtime.try_recover, only_if_none))
             await loop.run_in_executor(None, self.run_canary)
             await asyncio.sleep(self.options.recheck_interval_s)  # at most one re-check per interval
 

@@ -287,7 +287,13 @@ class HttpApp:
         return self._json(200, self.service.repository_index(ready_only=req.get("ready") is True))
 
     async def _repository_load(self, scope, params, body):
-        _decode_json_object(body, "the load request")
+        req = _decode_json_object(body, "the load request")
+        if req.get("parameters"):
+            raise HttpError(
+                400,
+                f"load parameters {sorted(req['parameters'])} are not supported: this server loads its "
+                "model from the build directory as built; rebuild to change it",
+            )
         await self.service.load_model(params["name"])
         return 200, [], b""
 
