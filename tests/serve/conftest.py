@@ -53,14 +53,22 @@ class ServerProcess:
             return self.proc.wait(10)
 
 
-def start_server(build: Path, log: Path, *args: str, env: dict | None = None, wait_ready: bool = True):
-    """Start ``veo-edge serve BUILD --port 0``; wait for its port (and its readiness, bounded)."""
+def start_server(
+    build: Path,
+    log: Path,
+    *args: str,
+    env: dict | None = None,
+    wait_ready: bool = True,
+    python: str = sys.executable,
+):
+    """Start ``veo-edge serve BUILD --port 0`` (with ``python``); wait for its port (and readiness, bounded)."""
     out = open(log, "w")  # noqa: SIM115 - the child writes to it for its whole life
     proc = subprocess.Popen(
-        [sys.executable, "-m", "veo_edge.cli.main", "serve", str(build), "--port", "0", *args],
+        [python, "-m", "veo_edge.cli.main", "serve", str(build), "--port", "0", *args],
         stdout=out,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
+        cwd=log.parent,  # not the checkout: `python -m veo_edge` must import the installed package
     )
     out.close()
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
