@@ -36,7 +36,7 @@ def main() -> None:
     import openvino as ov
     from pytriton.decorators import batch
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-    from pytriton.triton import Triton, TritonConfig
+    from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
     build = Path(args.build_dir)
     manifest = json.loads((build / "manifest.json").read_text())
@@ -56,7 +56,10 @@ def main() -> None:
     triton_config = TritonConfig(
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port or None
     )
-    with Triton(config=triton_config) as triton:
+    # loopback bench: no access token on statistics (perf_analyzer reads them), as a plain Triton has none
+    with Triton(
+        config=triton_config, security_config=TritonSecurityConfig(restricted_endpoints=[])
+    ) as triton:
         triton.bind(
             model_name=manifest["model"]["name"],
             infer_func=infer,

@@ -92,6 +92,7 @@ def main() -> None:
         for label, path in trees:
             env = {"PYTHONPATH": path} if path else None
             with server(build, "--max-queue-delay-ms", "0", env=env) as port:
+                time.sleep(3)  # let start-up work (the JSON decoder process) finish before measuring
                 for clients in (int(c) for c in args.clients.split(",")):
                     for what, fn in (("GET live", live), ("POST infer b1", infer)):
                         results[(label, what, clients)] = _clients(port, clients, args.requests, fn)

@@ -30,6 +30,7 @@ import signal
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -194,6 +195,7 @@ def main() -> None:
     ap.add_argument("--perf-analyzer", default=None, help="drive the server with this perf_analyzer binary")
     ap.add_argument("--pytriton", default=None, help="a Python with nvidia-pytriton: compare against Triton")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still stops its servers
     levels = [int(c) for c in args.concurrency.split(",")]
     print(f"load: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (1-minute average)")
     with build_dir(args.build_dir, args.model) as build:

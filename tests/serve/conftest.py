@@ -64,16 +64,23 @@ class ServerProcess:
 
 
 def start_server(
-    build: Path | list[Path], log: Path, *args: str, env: dict | None = None, wait_ready: bool = True
+    build: Path | list[Path],
+    log: Path,
+    *args: str,
+    env: dict | None = None,
+    wait_ready: bool = True,
+    python: str = sys.executable,
 ):
-    """Start ``veo-edge serve BUILD [BUILD ...] --port 0``; wait for its port (and its readiness, bounded)."""
+    """Start ``veo-edge serve BUILD [BUILD ...] --port 0`` (with ``python``); wait for its port (and
+    readiness, bounded)."""
     builds = [str(b) for b in (build if isinstance(build, list) else [build])]
     out = open(log, "w")  # noqa: SIM115 - the child writes to it for its whole life
     proc = subprocess.Popen(
-        [sys.executable, "-m", "veo_edge.cli.main", "serve", *builds, "--port", "0", *_QUIET_PORTS, *args],
+        [python, "-m", "veo_edge.cli.main", "serve", *builds, "--port", "0", *_QUIET_PORTS, *args],
         stdout=out,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
+        cwd=log.parent,  # not the checkout: `python -m veo_edge` must import the installed package
     )
     out.close()
     deadline = time.monotonic() + STARTUP_TIMEOUT_S

@@ -29,6 +29,9 @@ def serve(
     max_queue: int = typer.Option(256, "--max-queue", help="Samples queued before requests get 503."),
     max_queue_delay_ms: float = typer.Option(2.0, "--max-queue-delay-ms", help="Batching window."),
     infer_timeout: float = typer.Option(60.0, "--infer-timeout", help="Seconds before an infer gets 504."),
+    read_timeout: float = typer.Option(
+        30.0, "--read-timeout", help="Seconds a request may take to arrive whole (408 after)."
+    ),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds SIGTERM waits for requests."),
     threads: int = typer.Option(None, "--threads", help="CPU backend threads (default: the backend's)."),
     grpc_port: int = typer.Option(
@@ -47,7 +50,6 @@ def serve(
 
     Several models: several DIRs, or a folder of build directories (each subfolder a model, named by
     its folder); each model has its own runtime, batcher and readiness."""
-    import asyncio
     import logging
     from collections.abc import Callable
 
@@ -71,13 +73,19 @@ def serve(
             f"--max-buffered-bytes {max_buffered_bytes} is below --max-request-bytes {max_request_bytes}; "
             "the server could never hold one largest request"
         )
+    if read_timeout <= 0:
+        raise UsageError(f"--read-timeout {read_timeout} must be positive")
     names = [p.strip() for p in policy.split(",") if p.strip()] if policy is not None else None
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     options = ServeOptions(
         host=host,
         port=port,
         model_name=model_name,
-        limits=Limits(max_body_bytes=max_request_bytes, max_buffered_bytes=max_buffered_bytes),
+        limits=Limits(
+            max_body_bytes=max_request_bytes,
+            max_buffered_bytes=max_buffered_bytes,
+            read_timeout_s=read_timeout,
+        ),
         infer_timeout_s=infer_timeout,
         drain_timeout_s=drain_timeout,
         grpc_port=None if grpc_port < 0 else grpc_port,
@@ -103,11 +111,22 @@ def serve(
     try:
         for name, make in makers.items():  # each model: its own runtime, batcher and readiness
             runtimes[name] = make()
-        code = asyncio.run(serve_async(runtimes, options, make_runtime=makers))
+        code = _run(serve_async(runtimes, options, make_runtime=makers))
     finally:
         for runtime in runtimes.values():
             runtime.close(drain=False)
     raise typer.Exit(code)
+
+
+def _run(coro):
+    """Run on uvloop where it is installed (a faster event loop, what uvicorn itself prefers)."""
+    import asyncio
+
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def register(app: typer.Typer) -> None:

@@ -419,11 +419,14 @@ class Runtime:
             self._last_recover = now
             self.try_recover()
 
-    def try_recover(self) -> bool:
+    def try_recover(self, only_if_none_active: bool = False) -> bool:
         """Try to return to a candidate ahead of the active one (e.g. the GPU after an OOM), or to any
-        candidate when every one had failed; True if moved."""
+        candidate when every one had failed; True if moved. ``only_if_none_active``: do nothing while a
+        backend is active (decided under the lock, so a switch in progress is waited for)."""
         with self._exec_lock:
             if self._closed or not self._started:
+                return False
+            if only_if_none_active and self._active is not None:
                 return False
             upto = len(self.names) if self._active is None else self._active
             for i in range(upto):

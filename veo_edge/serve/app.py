@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -208,7 +209,9 @@ class InferenceService:
             runtime = self.runtime
             if runtime is None or self.draining or not self._needs_recheck(runtime.state.to_dict()):
                 continue
-            await loop.run_in_executor(None, runtime.try_recover)
+            # a request failed on the active backend: try the earlier ones; none active: try any
+            only_if_none = self.backend_failure is None
+            await loop.run_in_executor(None, functools.partial(runtime.try_recover, only_if_none))
             await loop.run_in_executor(None, self.run_canary)
             await asyncio.sleep(self.options.recheck_interval_s)  # at most one re-check per interval
 
@@ -482,6 +485,7 @@ async def serve_async(
     service: Any = next(iter(services.values())) if len(services) == 1 else ModelSet(services)
     await service.start()
     app = HttpApp(service, options.limits)
+    app.prestart_decoder()
     server = HttpServer(app, options.limits, app.count_rejection)
     grpc_server = None
     if options.grpc_port is not None:

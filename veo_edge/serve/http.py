@@ -122,6 +122,18 @@ class HttpApp:
         """A request the transport rejected before routing (malformed, too large a head, too slow)."""
         self.counters.responses[("protocol", status)] += 1
 
+    def prestart_decoder(self) -> None:
+        """Start the JSON worker process now, so the first large request does not wait for it."""
+        self._decoder_pool().submit(int)
+
+    def _decoder_pool(self) -> ProcessPoolExecutor:
+        if self._decoder is None:
+            import multiprocessing
+
+            ctx = multiprocessing.get_context("spawn")  # never fork a process holding backend threads
+            self._decoder = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+        return self._decoder
+
     def close(self) -> None:
         if self._decoder is not None:
             self._decoder.shutdown(wait=False, cancel_futures=True)
@@ -202,34 +214,28 @@ class HttpApp:
             if length:
                 self._reserve(length, 0)
                 reserved = length
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                raise _Disconnected
-            body = msg.get("body", b"")
-            if msg.get("more_body"):
-                parts = bytearray(body)
-                if not length:
-                    self._reserve(len(body), 0)
-                    reserved += len(body)
-                while msg.get("more_body"):
-                    msg = await receive()
-                    if msg["type"] == "http.disconnect":
-                        raise _Disconnected
-                    chunk = msg.get("body", b"")
-                    if not length:  # chunked: the size is known only as it arrives
-                        if len(parts) + len(chunk) > limit:
-                            raise HttpError(
-                                413,
-                                f"the chunked request body exceeds {limit} bytes (--max-request-bytes)",
-                                True,
-                            )
-                        self._reserve(len(chunk), len(parts))
-                        reserved += len(chunk)
+            body, more, parts = b"", True, None
+            while more:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    raise _Disconnected
+                chunk, more = msg.get("body", b""), msg.get("more_body", False)
+                if not length and chunk:  # chunked: the size is known only as it arrives
+                    held = len(parts) if parts is not None else len(body)
+                    if held + len(chunk) > limit:
+                        raise HttpError(
+                            413, f"the chunked request body exceeds {limit} bytes (--max-request-bytes)", True
+                        )
+                    self._reserve(len(chunk), held)
+                    reserved += len(chunk)
+                if parts is not None:
                     parts += chunk
+                elif more:
+                    parts = bytearray(chunk)
+                else:
+                    body = chunk  # the common case: the whole body in one message, no copy
+            if parts is not None:
                 body = bytes(parts)
-            elif not length and body:
-                self._reserve(len(body), 0)
-                reserved = len(body)
             if encoding not in (None, "", "identity"):
                 body, reserved = await self._inflate(body, encoding, reserved)
         except BaseException:
@@ -286,7 +292,13 @@ class HttpApp:
         return self._json(200, self.service.repository_index(ready_only=req.get("ready") is True))
 
     async def _repository_load(self, scope, params, body):
-        _decode_json_object(body, "the load request")
+        req = _decode_json_object(body, "the load request")
+        if req.get("parameters"):
+            raise HttpError(
+                400,
+                f"load parameters {sorted(req['parameters'])} are not supported: this server loads its "
+                "model from the build directory as built; rebuild to change it",
+            )
         await self.service.load_model(params["name"])
         return 200, [], b""
 

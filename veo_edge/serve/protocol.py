@@ -289,8 +289,9 @@ def parse_infer_request(
             name = _expect(item.get("name"), str, f"outputs[{i}] 'name'")
             params = _params(item, f"output {name!r}")
             binary = params.get("binary_data", binary_default)
-            count = params.get("class_count", 0)
-            _expect(count, int, f"output {name!r} class_count")
+            # the extension's parameter is "classification" (what tritonclient sends); class_count too
+            count = params.get("classification", params.get("class_count", 0))
+            _expect(count, int, f"output {name!r} classification (class_count)")
             requested.append(RequestedOutput(name, binary is True, count))
     check_requested_outputs(model, requested)
     return InferRequest(arrays, requested, batches.pop(), request_id, parameters)
@@ -310,7 +311,9 @@ def check_requested_outputs(model: ModelSpec, requested: list[RequestedOutput]) 
             raise ProtocolError(f"output {want.name!r} is requested twice; name each output once")
         seen.add(want.name)
         if want.class_count < 0:
-            raise ProtocolError(f"output {want.name!r} has class_count {want.class_count}; expected >= 0")
+            raise ProtocolError(
+                f"output {want.name!r} has classification (class_count) {want.class_count}; expected >= 0"
+            )
         if want.class_count and len(spec.shape) != 2:
             raise ProtocolError(
                 f"output {want.name!r} has shape {spec.describe()}; class_count needs a [N, classes] output"
