@@ -158,6 +158,12 @@ class HttpApp:
                 status, headers, payload, close = e.status, [], error_body(str(e)), e.close
             except ProtocolError as e:
                 status, headers, payload, close = e.status, [], error_body(str(e)), False
+            except _Disconnected:
+                raise
+            except Exception as e:  # a bug in a handler must not reach the client as a bare 500
+                log.exception("handler failed on %s %s", scope["method"], scope["path"][:200])
+                status, headers, close = 500, [], False
+                payload = error_body(f"internal error: {type(e).__name__}: {e}")
             self.counters.responses[(route, status)] += 1
             await self._respond(send, status, headers, payload, close)
         except _Disconnected:

@@ -15,7 +15,7 @@ What :class:`GuardedProtocol` adds, because uvicorn's httptools protocol has no 
 - a request not received whole within ``read_timeout_s`` of its first byte: 408 (uvicorn has no read
   deadline, so a slow client could hold a connection and its buffers forever);
 - an idle new connection is closed after the keep-alive timeout (uvicorn arms that timer only after a
-  first response);
+  first response); connections beyond ``max_connections`` get a JSON 503;
 - parser errors answered as JSON ``{"error": ...}`` naming llhttp's reason, like every other error.
 
 Bodies, their per-request and global caps, decompression and routing live in :mod:`veo_edge.serve.http`.
@@ -50,7 +50,7 @@ class Limits:
     read_timeout_s: float = 30.0
     #: an idle keep-alive connection is closed after this many seconds
     keepalive_timeout_s: float = 60.0
-    #: connections + requests in progress beyond this get 503 (uvicorn's limit_concurrency)
+    #: open connections beyond this get 503 and are closed
     max_connections: int = 1024
     #: JSON request heads larger than this are decoded in a worker process, off the event loop
     offload_json_bytes: int = 1 << 20
@@ -77,7 +77,12 @@ def make_protocol(limits: Limits, on_reject: Callable[[int], None]) -> type:
     import httptools
 
     base = _protocol_base()
-    phrases = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
+    phrases = {
+        400: "Bad Request",
+        408: "Request Timeout",
+        431: "Request Header Fields Too Large",
+        503: "Service Unavailable",
+    }
 
     class GuardedProtocol(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -92,6 +97,9 @@ def make_protocol(limits: Limits, on_reject: Callable[[int], None]) -> type:
         # -- connection -------------------------------------------------------------------------
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                self._reject(503, f"too many connections (limit {limits.max_connections}); retry")
+                return
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler
             )
@@ -257,7 +265,6 @@ class HttpServer:
             access_log=False,
             server_header=False,
             timeout_keep_alive=self.limits.keepalive_timeout_s,  # type: ignore[arg-type]
-            limit_concurrency=self.limits.max_connections,
             timeout_graceful_shutdown=max(1, round(drain_timeout_s)),
             backlog=1024,
         )
