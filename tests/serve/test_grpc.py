@@ -195,3 +195,19 @@ def test_a_requests_samples_run_as_one_batch(client, video_nano_build: Path) -> 
     executions_after, sizes_after = stats()
     assert executions_after == executions + 1
     assert sizes_after.get(8, 0) == sizes.get(8, 0) + 1
+
+
+def test_classification_extension_over_grpc(client) -> None:
+    x = seeded_inputs((3, 32, 32), 2, seed=4)
+    inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    logits = client.infer("vit-nano", [inp]).as_numpy("logits")
+    top = client.infer(
+        "vit-nano", [inp], outputs=[grpcclient.InferRequestedOutput("logits", class_count=3)]
+    ).as_numpy("logits")
+    assert top.shape == (2, 3)
+    for n in range(2):
+        indices = [int(v.decode().split(":")[1]) for v in top[n]]
+        assert indices == list(np.argsort(-logits[n], kind="stable")[:3])
+    e = _grpc_error(client.infer, "vit-nano", [inp], outputs=[grpcclient.InferRequestedOutput("logits")] * 2)
+    assert e.status() == "StatusCode.INVALID_ARGUMENT" and "is requested twice" in e.message()

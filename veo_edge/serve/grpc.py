@@ -3,7 +3,8 @@
 The service stubs are the ones ``tritonclient[grpc]`` ships (``service_pb2`` / ``service_pb2_grpc``), so
 ``tritonclient.grpc`` and ``perf_analyzer -i grpc`` work unchanged. This module only translates: every
 RPC calls the transport-independent methods of the inference service (readiness, metadata, config,
-statistics, infer) that the HTTP front end calls too. A :class:`~veo_edge.serve.protocol.ProtocolError`
+statistics, infer) that the HTTP front end calls too; the classification extension (``classification`` on
+a requested output) answers BYTES ``"value:index[:label]"`` as over HTTP. A :class:`~veo_edge.serve.protocol.ProtocolError`
 becomes the gRPC status of its HTTP status (404 -> NOT_FOUND, 400 -> INVALID_ARGUMENT, 503 ->
 UNAVAILABLE, ...) with its message as the details.
 
@@ -30,8 +31,11 @@ from veo_edge.serve.protocol import (
     ModelSpec,
     ProtocolError,
     RequestedOutput,
+    check_requested_outputs,
+    classify,
     datatype_of,
 )
+from veo_edge.serve.protocol import _bytes_tensor as bytes_tensor  # Triton's BYTES serialization
 
 log = logging.getLogger("veo_edge.serve.grpc")
 
@@ -148,34 +152,41 @@ def parse_infer_request(msg: Any, model: ModelSpec) -> InferRequest:
     batches = {a.shape[0] for a in arrays.values()}
     if len(batches) != 1:
         raise ProtocolError(f"inputs disagree on the batch size: {sorted(batches)}")
-    out_names = [s.name for s in model.outputs]
     requested: list[RequestedOutput] = []
     for out in msg.outputs:
-        if out.name not in out_names:
-            raise ProtocolError(f"unknown output {out.name!r}; model {model.name!r} has outputs: {out_names}")
-        if any(r.name == out.name for r in requested):
-            raise ProtocolError(f"output {out.name!r} is requested twice")
         params = {k: _param(v) for k, v in out.parameters.items()}
-        if params.get("classification"):
+        # the classification extension: tritonclient sends "classification" (class_count in its API)
+        count = params.get("classification", params.get("class_count", 0))
+        if not isinstance(count, int) or isinstance(count, bool):
             raise ProtocolError(
-                "the classification extension is not served over gRPC; request the output tensor, or use "
-                "HTTP for class_count",
-                501,
+                f"output {out.name!r} classification must be an integer parameter, got {count!r}"
             )
-        requested.append(RequestedOutput(out.name, True))
+        requested.append(RequestedOutput(out.name, True, count))
+    check_requested_outputs(model, requested)  # known, once each, a usable class count
     if not requested:
-        requested = [RequestedOutput(n, True) for n in out_names]
+        requested = [RequestedOutput(s.name, True) for s in model.outputs]
     params = {k: _param(v) for k, v in msg.parameters.items()}
     return InferRequest(arrays, requested, batches.pop(), msg.id or None, params)
 
 
-def encode_infer_response(model: ModelSpec, request: InferRequest, outputs: dict[str, np.ndarray]) -> Any:
-    """A ``ModelInferResponse`` with the requested outputs in ``raw_output_contents`` (little-endian)."""
+def encode_infer_response(
+    model: ModelSpec,
+    request: InferRequest,
+    outputs: dict[str, np.ndarray],
+    labels: list[str] | None = None,
+) -> Any:
+    """A ``ModelInferResponse`` with the requested outputs in ``raw_output_contents`` (little-endian;
+    a classification output as BYTES ``"value:index[:label]"``, serialized as Triton does)."""
     resp = service_pb2.ModelInferResponse(
         model_name=model.name, model_version=model.version, id=request.id or ""
     )
     for want in request.outputs:
         arr = outputs[want.name]
+        if want.class_count:
+            top = classify(arr, want.class_count, labels)
+            resp.outputs.add(name=want.name, datatype="BYTES", shape=list(top.shape))
+            resp.raw_output_contents.append(bytes_tensor(top))
+            continue
         resp.outputs.add(name=want.name, datatype=datatype_of(arr.dtype), shape=list(arr.shape))
         resp.raw_output_contents.append(
             np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
@@ -245,7 +256,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             if arrival is not None:
                 arrival.done()
-        return encode_infer_response(model, parsed, outputs)
+        return encode_infer_response(model, parsed, outputs, self.service.model_labels(request.model_name))
 
 
 class GrpcServer:
