@@ -198,12 +198,28 @@ def test_recovery_returns_to_the_preferred_backend(nano_build: Path) -> None:
         assert rt.state.fallback_count == 1
 
 
+def test_recovery_when_no_backend_is_left(nano_build: Path) -> None:
+    """The first fails a batch and the second cannot start: none is active; try_recover activates one."""
+    first, second = CPU_CHAIN
+    faults = {first: {"oom_after": 0}, second: {"fail_at_start": True}}
+    with veo_edge.Runtime(nano_build, policy=CPU_CHAIN, faults=faults) as rt:
+        x = seeded(1, (3, 32, 32))
+        with pytest.raises(NoBackendError, match="no backend can run build"):
+            rt.infer(x)
+        assert rt.state.active_backend is None and not rt.state.ready
+        assert rt.try_recover(only_if_none_active=True)
+        assert rt.state.active_backend == first and rt.state.ready
+        assert not rt.try_recover(only_if_none_active=True)  # one is active: nothing to do
+
+
 def test_infer_splits_large_batches_and_matches_submit(nano_build: Path) -> None:
     x = seeded(19, (3, 32, 32), seed=3)
     with veo_edge.Runtime(nano_build, backend="openvino", max_queue_delay_ms=5.0) as rt:
         y = rt.infer(x)
         assert y.shape == (19, 10)
         assert rt.stats()["batch_size_counts"] == {8: 2, 3: 1}
+        compute = rt.stats()["batch_compute_us"]  # per batch size: the batches' total compute time
+        assert set(compute) == {8, 3} and all(us > 0 for us in compute.values())
         futs = [rt.submit(x[i]) for i in range(19)]
         sub = np.stack([f.result(timeout=60) for f in futs])
         assert np.abs(sub - y).max() <= tolerance(nano_build)

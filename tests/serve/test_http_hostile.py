@@ -206,12 +206,21 @@ def _metric(server, name: str) -> float:
 
 
 def test_global_cap_on_buffered_bodies(serve, nano_build):
-    """Twelve clients that send most of an 8 MB body and stall: the server holds at most the global cap."""
+    """Twelve clients that send most of an 8 MB body and stall: the server holds at most the global cap;
+    bodies only announced (a Content-Length, no bytes) hold nothing of it."""
     mb = 1 << 20
     server = serve(nano_build, "--max-request-bytes", str(8 * mb), "--max-buffered-bytes", str(16 * mb))
     before = _metric(server, "process_resident_memory_bytes")
+    x = _x(1)
+    body, hlen = encode_infer_request({"input": x})
+    infer_headers = {"Inference-Header-Content-Length": str(hlen)}
     stalled, rejected = [], 0
     try:
+        for _ in range(6):  # announce 8 MB each, send none of it
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+            s.sendall(f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {8 * mb}\r\n\r\n".encode())
+            stalled.append(s)
+        assert server.request("POST", INFER, body, infer_headers)[0] == 200
         for _ in range(12):
             s = socket.create_connection(("127.0.0.1", server.port), timeout=30)
             s.sendall(f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: {8 * mb}\r\n\r\n".encode())
@@ -229,23 +238,32 @@ def test_global_cap_on_buffered_bodies(serve, nano_build):
                 s.close()
             else:
                 stalled.append(s)
-        assert len(stalled) <= 2 and rejected >= 10, (len(stalled), rejected)
+        assert len(stalled) <= 6 + 2 and rejected >= 10, (len(stalled), rejected)
         grown = _metric(server, "process_resident_memory_bytes") - before
         assert grown < 12 * 7 * mb / 2, f"RSS grew by {grown / mb:.0f} MiB with the bodies capped at 16 MiB"
-        x = _x(1)
-        body, hlen = encode_infer_request({"input": x})
-        status, _, data = server.request("POST", INFER, body, {"Inference-Header-Content-Length": str(hlen)})
-        assert status == 503 and b"--max-buffered-bytes" in data  # the stalled ones hold the budget
+        # two stalled uploads hold 14 of the 16 MiB: a small request still fits, a large one does not
+        assert server.request("POST", INFER, body, infer_headers)[0] == 200
+        answer = _expect_continue(server.port, 4 * mb)
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"--max-buffered-bytes" in answer, answer[:300]
     finally:
         for s in stalled:
             s.close()
     deadline = time.monotonic() + 30
     while True:  # their budget comes back once they are gone
-        status, _, data = server.request("POST", INFER, body, {"Inference-Header-Content-Length": str(hlen)})
-        if status == 200 or time.monotonic() > deadline:
+        answer = _expect_continue(server.port, 4 * mb)
+        if not answer.startswith(b"HTTP/1.1 503 ") or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    assert status == 200, data
+    assert answer.startswith(b"HTTP/1.1 100 Continue"), answer[:300]
+
+
+def _expect_continue(port: int, size: int) -> bytes:
+    """Announce a ``size``-byte body with ``Expect: 100-continue``; the server's first answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(
+            f"POST {INFER} HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: {size}\r\n\r\n".encode()
+        )
+        return s.recv(65536)
 
 
 def test_metrics_label_routes_not_paths(nano_server):

@@ -185,7 +185,12 @@ class HttpApp:
         await send({"type": "http.response.body", "body": payload})
 
     # -- bodies ---------------------------------------------------------------------------------
-    def _reserve(self, n: int, held: int) -> None:
+    def _reserve(self, n: int, held: int, check_only: bool = False) -> None:
+        """Count ``n`` more bytes of a body (``held`` already counted) against the global cap; 503 over it.
+
+        Bytes are counted as they arrive, never as declared, so connections that announce large bodies
+        and send nothing cannot lock the budget; a declared length that cannot fit now is refused at
+        once (``check_only``), before its bytes are read."""
         limits = self.limits
         if self.buffered + n > limits.max_buffered_bytes:
             raise HttpError(
@@ -195,7 +200,8 @@ class HttpApp:
                 "retry later",
                 close=True,
             )
-        self.buffered += n
+        if not check_only:
+            self.buffered += n
 
     async def _read_body(self, scope: dict, receive: Callable, route: str) -> tuple[bytes, int]:
         """The whole (inflated) body and the bytes reserved for it in the global budget."""
@@ -218,17 +224,16 @@ class HttpApp:
         reserved = 0
         try:
             if length:
-                self._reserve(length, 0)
-                reserved = length
+                self._reserve(length, 0, check_only=True)
             body, more, parts = b"", True, None
             while more:
                 msg = await receive()
                 if msg["type"] == "http.disconnect":
                     raise _Disconnected
                 chunk, more = msg.get("body", b""), msg.get("more_body", False)
-                if not length and chunk:  # chunked: the size is known only as it arrives
+                if chunk:
                     held = len(parts) if parts is not None else len(body)
-                    if held + len(chunk) > limit:
+                    if not length and held + len(chunk) > limit:  # chunked: the size shows as it arrives
                         raise HttpError(
                             413, f"the chunked request body exceeds {limit} bytes (--max-request-bytes)", True
                         )
