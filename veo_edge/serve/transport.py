@@ -56,6 +56,10 @@ class Limits:
     offload_json_bytes: int = 1 << 20
 
 
+#: how long a rejected connection keeps draining the client's input before it closes
+LINGER_S = 2.0
+
+
 def error_body(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
 
@@ -92,6 +96,7 @@ def make_protocol(limits: Limits, on_reject: Callable[[int], None]) -> type:
             self._streamed = 0  # bytes received while a head is incomplete (a head still being sent)
             self._header_count = 0
             self._eof = False
+            self._discard = False
             self._deadline: asyncio.TimerHandle | None = None
 
         # -- connection -------------------------------------------------------------------------
@@ -112,6 +117,8 @@ def make_protocol(limits: Limits, on_reject: Callable[[int], None]) -> type:
             # a half-closed client (shutdown(SHUT_WR)) still gets the answers to the requests it sent
             # whole; uvicorn would close at once and drop them
             self._eof = True
+            if self._discard:
+                return None
             cycle = self.cycle
             busy = bool(self.pipeline) or (cycle is not None and not cycle.response_complete)
             incomplete = self._streamed > 0 or (cycle is not None and cycle.more_body)
@@ -124,6 +131,8 @@ def make_protocol(limits: Limits, on_reject: Callable[[int], None]) -> type:
                 self.transport.close()
 
         def data_received(self, data: bytes) -> None:
+            if self._discard:
+                return  # rejected: what the client still sends is dropped until the close
             self._unset_keepalive_if_required()
             if self._in_head:
                 self._streamed += len(data)
@@ -208,7 +217,18 @@ def make_protocol(limits: Limits, on_reject: Callable[[int], None]) -> type:
             if cycle is not None and not cycle.response_complete:
                 cycle.response_started = True  # the application's own answer, if any, is dropped
             self.transport.write(head + body)
-            self.transport.close()
+            self._linger()
+
+        def _linger(self) -> None:
+            """Close after the client has read the answer: closing with unread input would send a TCP
+            reset that can destroy the answer in flight, so read and drop its input for a moment."""
+            self._discard = True
+            self._cancel_deadline()
+            self._unset_keepalive_if_required()
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.flow.resume_reading()
+            self.loop.call_later(LINGER_S, self.transport.close)
 
     return GuardedProtocol
 
