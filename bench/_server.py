@@ -13,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,13 +34,21 @@ def build_dir(path: str | None, model: str = "vit-nano") -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def server(build: Path, *args: str, timeout: float = 120.0) -> Iterator[int]:
-    """Start ``veo-edge serve BUILD --port 0 ARGS`` on 127.0.0.1, wait until ready, yield the port; SIGTERM at exit."""
+def server(
+    build: Path, *args: str, timeout: float = 120.0, env: dict | None = None, ports: bool = False
+) -> Iterator[Any]:
+    """Start ``veo-edge serve BUILD --port 0 ARGS`` on 127.0.0.1, wait until ready, yield the port; SIGTERM at exit.
+
+    ``env`` is added to the server's environment (``PYTHONPATH`` serves another checkout's code).
+    ``ports``: also gRPC and the metrics port on free ports; yields ``{"http", "grpc", "metrics"}`` ports."""
+    if ports:
+        args = ("--grpc-port", "0", "--metrics-port", "0", *args)
     with tempfile.NamedTemporaryFile("w+", suffix=".log") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "veo_edge.cli.main", "serve", str(build), "--port", "0", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
         )
         try:
             deadline = time.monotonic() + timeout
@@ -47,10 +56,16 @@ def server(build: Path, *args: str, timeout: float = 120.0) -> Iterator[int]:
             while port is None or not _ready(port):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the server did not come up:\n{Path(log.name).read_text()}")
-                m = re.search(r"on http://127\.0\.0\.1:(\d+)", Path(log.name).read_text())
+                m = re.search(r"serving .* on http://127\.0\.0\.1:(\d+)", Path(log.name).read_text())
                 port = int(m.group(1)) if m else None
                 time.sleep(0.05)
-            yield port
+            if ports:
+                text = Path(log.name).read_text()
+                grpc = re.search(r"gRPC on 127\.0\.0\.1:(\d+)", text)
+                metrics = re.search(r"metrics on http://127\.0\.0\.1:(\d+)", text)
+                yield {"http": port, "grpc": int(grpc.group(1)), "metrics": int(metrics.group(1))}
+            else:
+                yield port
         finally:
             if proc.poll() is None:
                 os.kill(proc.pid, signal.SIGTERM)

@@ -66,7 +66,7 @@ def main() -> None:
     with build_dir(args.build_dir) as build:
         name = BuildDir.open(build).model_name
         x = sample(build, args.batch)
-        with server(build, "--max-queue", "4096") as port:
+        with server(build, "--max-queue", "4096", "--grpc-port", "-1", "--metrics-port", "-1") as port:
             print(f"{name}, batch {args.batch} per request, {args.seconds:g} s per row; latency in ms")
             print(
                 f"{'clients':>7} {'req/s':>8} {'samples/s':>10} {'p50':>7} {'p99':>7} {'errors':>6} {'mean batch':>10}"

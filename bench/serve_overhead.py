@@ -50,7 +50,7 @@ def main() -> None:
                 _time(lambda: np.stack([f.result() for f in [rt.submit(s) for s in x]]), args.requests)
             )
         name = BuildDir.open(build).model_name
-        with server(build, "--max-queue-delay-ms", "0") as port:
+        with server(build, "--max-queue-delay-ms", "0", "--grpc-port", "-1", "--metrics-port", "-1") as port:
             client = tc.InferenceServerClient(f"127.0.0.1:{port}")
             inp = tc.InferInput("input", list(x.shape), "FP32")
             inp.set_data_from_numpy(x)

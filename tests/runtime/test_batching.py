@@ -52,17 +52,103 @@ def test_a_full_batch_goes_at_once_without_waiting_for_the_delay() -> None:
     b.close()
 
 
-def test_a_partial_batch_waits_for_the_delay_then_runs_together() -> None:
+def test_a_lone_request_closes_its_batch_at_once() -> None:
+    """Nothing else pending or arriving: the batch goes without waiting for the (10-minute) window."""
+    b = Batcher(double, SHAPE, "float32", max_batch=8, max_delay_ms=600_000, max_queue=16)
+    for i in range(5):  # one client, back to back
+        assert float(b.submit(np.full(SHAPE, i, np.float32)).result(timeout=30)[0]) == 2.0 * i
+    s = b.stats()
+    b.close()
+    assert s.batch_size_counts == {1: 5}
+
+
+def test_a_partial_batch_waits_for_announced_arrivals_then_goes_at_the_delay() -> None:
     delay_ms = 200.0
     b = Batcher(double, SHAPE, "float32", max_batch=8, max_delay_ms=delay_ms, max_queue=16)
-    futs = [b.submit(np.zeros(SHAPE, np.float32)) for _ in range(3)]
-    for f in futs:
-        f.result(timeout=30)
+    with b.expect(5) as arrival:  # five samples announced, three come
+        futs = [b.submit(np.zeros(SHAPE, np.float32), arrival) for _ in range(3)]
+        for f in futs:
+            f.result(timeout=30)
     s = b.stats()
     b.close()
     assert s.batch_size_counts == {3: 1}
     # dispatch never precedes the deadline of the batch's first sample (a lower bound, not a timing)
     assert s.max_wait_us >= delay_ms * 1e3 * 0.999
+
+
+def test_announced_arrivals_fill_the_batch() -> None:
+    b = Batcher(double, SHAPE, "float32", max_batch=8, max_delay_ms=600_000, max_queue=16)
+    arrival = b.expect(3)
+    first = b.submit(np.ones(SHAPE, np.float32), arrival)
+    assert b.arriving == 2  # the first sample waits for the other two, not for the window
+    rest = [b.submit(np.ones(SHAPE, np.float32), arrival) for _ in range(2)]
+    for f in [first, *rest]:
+        assert float(f.result(timeout=30)[0]) == 2.0
+    b.close()
+    assert b.stats().batch_size_counts == {3: 1} and b.arriving == 0
+
+
+def test_a_withdrawn_arrival_releases_the_waiting_batch() -> None:
+    b = Batcher(double, SHAPE, "float32", max_batch=8, max_delay_ms=600_000, max_queue=16)
+    with b.expect(2) as arrival:
+        fut = b.submit(np.ones(SHAPE, np.float32), arrival)
+        # the second sample never comes (its request was rejected): leaving the block withdraws it
+    assert float(fut.result(timeout=30)[0]) == 2.0
+    b.close()
+    assert b.stats().batch_size_counts == {1: 1}
+
+
+def test_samples_queued_while_the_slot_is_busy_fill_the_next_batches() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def gated(x: np.ndarray) -> np.ndarray:
+        started.set()
+        release.wait(30)
+        return double(x)
+
+    b = Batcher(gated, SHAPE, "float32", max_batch=4, max_delay_ms=600_000, max_queue=16)
+    first = b.submit(np.ones(SHAPE, np.float32))
+    assert started.wait(30)  # the lone first sample runs at once, alone
+    queued = [b.submit(np.full(SHAPE, i, np.float32)) for i in range(7)]
+    release.set()
+    assert float(first.result(timeout=30)[0]) == 2.0
+    assert [float(f.result(timeout=30)[0]) for f in queued] == [2.0 * i for i in range(7)]
+    b.close()
+    s = b.stats()
+    assert s.batch_size_counts == {1: 1, 4: 1, 3: 1} and s.batches == 3
+
+
+def test_a_requests_samples_are_queued_at_once_and_share_a_batch() -> None:
+    b = Batcher(double, SHAPE, "float32", max_batch=8, max_delay_ms=0, max_queue=8)
+    x = np.arange(8 * 12, dtype=np.float32).reshape(8, *SHAPE)
+    futs = b.submit_many(list(x))
+    got = np.stack([f.result(timeout=30) for f in futs])
+    np.testing.assert_array_equal(got, double(x))
+    assert b.stats().batch_size_counts == {8: 1}  # no window: all eight were queued before any ran
+    with pytest.raises(
+        OverloadedError, match=r"queue is full \(0 pending of 8; this request has 9 samples\)"
+    ):
+        b.submit_many(list(np.zeros((9, *SHAPE), np.float32)))  # all or nothing
+    assert b.pending == 0
+    b.close()
+
+
+def test_slots_run_batches_in_parallel() -> None:
+    """Two slots: the second batch runs while the first is still running (a barrier both must reach)."""
+    barrier, started = threading.Barrier(2, timeout=30), threading.Event()
+
+    def meet(x: np.ndarray) -> np.ndarray:
+        started.set()
+        barrier.wait()  # breaks (and fails both batches) unless two batches run at once
+        return double(x)
+
+    b = Batcher(meet, SHAPE, "float32", max_batch=4, max_delay_ms=600_000, max_queue=16, slots=2)
+    first = b.submit(np.ones(SHAPE, np.float32))
+    assert started.wait(30)  # the first batch runs (and waits at the barrier)
+    second = b.submit(np.ones(SHAPE, np.float32))  # a free slot takes it at once
+    assert float(first.result(timeout=60)[0]) == float(second.result(timeout=60)[0]) == 2.0
+    b.close()
+    assert b.stats().batch_size_counts == {1: 2}
 
 
 def test_overload_is_rejected_at_once_and_accepted_work_completes() -> None:
@@ -77,7 +163,7 @@ def test_overload_is_rejected_at_once_and_accepted_work_completes() -> None:
     first = b.submit(np.ones(SHAPE, np.float32))
     assert started.wait(30)  # the first sample is running, the queue is empty
     queued = [b.submit(np.ones(SHAPE, np.float32)) for _ in range(2)]
-    with pytest.raises(OverloadedError, match=r"request queue is full \(2 pending\); retry later"):
+    with pytest.raises(OverloadedError, match=r"request queue is full \(2 pending of 2\); retry later"):
         b.submit(np.ones(SHAPE, np.float32))
     release.set()
     for f in [first, *queued]:
@@ -159,7 +245,7 @@ def test_cancelled_requests_do_not_hold_queue_slots() -> None:
         threading.Event().wait(0.01)
     assert b.pending == 0
     queued = b.submit(np.ones(SHAPE, np.float32))
-    with pytest.raises(OverloadedError, match=r"request queue is full \(1 pending\)"):
+    with pytest.raises(OverloadedError, match=r"request queue is full \(1 pending of 1\)"):
         b.submit(np.ones(SHAPE, np.float32))
     assert queued.cancel()
     later = b.submit(np.full(SHAPE, 3.0, np.float32))  # the cancelled sample's slot is free again
@@ -175,6 +261,8 @@ def test_configuration_is_validated() -> None:
         Batcher(double, SHAPE, "float32", max_batch=0)
     with pytest.raises(UsageError, match="max_queue must be >= 1, got 0"):
         Batcher(double, SHAPE, "float32", max_batch=1, max_queue=0)
+    with pytest.raises(UsageError, match="slots must be >= 1, got 0"):
+        Batcher(double, SHAPE, "float32", max_batch=1, slots=0)
 
 
 def test_steady_state_allocates_nothing_that_stays() -> None:

@@ -58,6 +58,10 @@ def test_which_calls_fail() -> None:
     assert [FaultSpec(oom_after=2).fails_call(n) for n in range(1, 6)] == [False, False, True, True, True]
     assert [FaultSpec(every_nth=3).fails_call(n) for n in range(1, 7)] == [False, False, True] * 2
     assert not any(FaultSpec(slow_ms=1).fails_call(n) for n in range(1, 10))
+    healing = FaultSpec(oom_after=1, recover_after=3)
+    assert [healing.fails_call(n) for n in range(1, 6)] == [False, True, True, False, False]
+    with pytest.raises(UsageError, match="recover_after=2 for 'openvino' needs oom_after below it"):
+        parse_faults({"openvino": {"recover_after": 2}}, BACKENDS)
 
 
 def test_faulty_runner_wraps_a_real_runner(nano_build: Path) -> None:

@@ -86,13 +86,24 @@ def test_env_faults_reach_the_runtime(nano_build: Path, monkeypatch: pytest.Monk
         veo_edge.Runtime(nano_build, backend="openvino").start()
 
 
-def test_injected_oom_mid_run_under_concurrent_load(nano_build: Path) -> None:
+@pytest.mark.parametrize(
+    ("concurrency", "hint"), [(None, "LATENCY"), (3, "THROUGHPUT")], ids=["one-slot", "three-slots"]
+)
+def test_injected_oom_mid_run_under_concurrent_load(nano_build: Path, concurrency, hint) -> None:
     """8 threads x 25 samples; ONNX Runtime fails with OOM on its 6th batch; every sample is answered
-    once, correctly, and the switch to OpenVINO is visible."""
+    once, correctly, and the switch to OpenVINO is visible (also with three batches in flight at once,
+    onto OpenVINO's THROUGHPUT streams)."""
     x = seeded(200, (3, 32, 32), seed=7)
     want = reference(nano_build, x)
     faults = {"onnxruntime": {"oom_after": 5}}
-    rt = veo_edge.Runtime(nano_build, policy=CPU_CHAIN, faults=faults, max_queue_delay_ms=1.0).start()
+    rt = veo_edge.Runtime(
+        nano_build,
+        policy=CPU_CHAIN,
+        faults=faults,
+        max_queue_delay_ms=1.0,
+        concurrency=concurrency,
+        performance_hint=hint,
+    ).start()
     got: dict[int, np.ndarray] = {}
     errors: list[BaseException] = []
 
@@ -122,6 +133,38 @@ def test_injected_oom_mid_run_under_concurrent_load(nano_build: Path) -> None:
     assert (switch["from"], switch["to"]) == ("onnxruntime", "openvino")
     assert switch["reason"].startswith("InjectedOutOfMemoryError: CUDA out of memory: onnxruntime: injected")
     assert {c.name: c.status for c in st.candidates} == {"onnxruntime": "failed", "openvino": "active"}
+
+
+def test_throughput_streams_serve_batches_in_parallel_with_the_same_answers(nano_build: Path) -> None:
+    x = seeded(96, (3, 32, 32), seed=3)
+    want = reference(nano_build, x)
+    with veo_edge.Runtime(nano_build, backend="openvino", performance_hint="THROUGHPUT") as rt:
+        described = rt.describe()
+        assert described["performance_hint"] == "THROUGHPUT" and described["precision"] == "f32"
+        slots = described["infer_requests_in_flight"]
+        assert slots >= 1 and rt._batcher.slots == slots  # one batcher slot per OpenVINO infer request
+        got: dict[int, np.ndarray] = {}
+
+        def caller(t: int) -> None:
+            futs = {i: rt.submit(x[i]) for i in range(t, 96, 6)}
+            got.update({i: f.result(timeout=60) for i, f in futs.items()})
+
+        threads = [threading.Thread(target=caller, args=(t,)) for t in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats = rt.stats()
+    assert sorted(got) == list(range(96))
+    assert max(float(np.abs(got[i] - want[i]).max()) for i in range(96)) <= tolerance(nano_build)
+    assert sum(k * v for k, v in stats["batch_size_counts"].items()) == 96 == stats["requests_success"]
+
+
+def test_unknown_performance_hint_is_refused(nano_build: Path) -> None:
+    with pytest.raises(
+        UsageError, match="unknown performance hint 'FAST'; choose one of: LATENCY, THROUGHPUT"
+    ):
+        veo_edge.Runtime(nano_build, performance_hint="FAST")
 
 
 def test_forced_backend_does_not_fall_back(nano_build: Path) -> None:
@@ -155,12 +198,28 @@ def test_recovery_returns_to_the_preferred_backend(nano_build: Path) -> None:
         assert rt.state.fallback_count == 1
 
 
+def test_recovery_when_no_backend_is_left(nano_build: Path) -> None:
+    """The first fails a batch and the second cannot start: none is active; try_recover activates one."""
+    first, second = CPU_CHAIN
+    faults = {first: {"oom_after": 0}, second: {"fail_at_start": True}}
+    with veo_edge.Runtime(nano_build, policy=CPU_CHAIN, faults=faults) as rt:
+        x = seeded(1, (3, 32, 32))
+        with pytest.raises(NoBackendError, match="no backend can run build"):
+            rt.infer(x)
+        assert rt.state.active_backend is None and not rt.state.ready
+        assert rt.try_recover(only_if_none_active=True)
+        assert rt.state.active_backend == first and rt.state.ready
+        assert not rt.try_recover(only_if_none_active=True)  # one is active: nothing to do
+
+
 def test_infer_splits_large_batches_and_matches_submit(nano_build: Path) -> None:
     x = seeded(19, (3, 32, 32), seed=3)
     with veo_edge.Runtime(nano_build, backend="openvino", max_queue_delay_ms=5.0) as rt:
         y = rt.infer(x)
         assert y.shape == (19, 10)
         assert rt.stats()["batch_size_counts"] == {8: 2, 3: 1}
+        compute = rt.stats()["batch_compute_us"]  # per batch size: the batches' total compute time
+        assert set(compute) == {8, 3} and all(us > 0 for us in compute.values())
         futs = [rt.submit(x[i]) for i in range(19)]
         sub = np.stack([f.result(timeout=60) for f in futs])
         assert np.abs(sub - y).max() <= tolerance(nano_build)

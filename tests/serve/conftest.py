@@ -16,7 +16,11 @@ from pathlib import Path
 import pytest
 
 STARTUP_TIMEOUT_S = 90.0
-_LISTENING = re.compile(r"serving '([^']+)' on http://127\.0\.0\.1:(\d+)")
+_LISTENING = re.compile(r"serving (.+?) on http://127\.0\.0\.1:(\d+)")
+#: gRPC and the separate metrics port on free ports too (their defaults, 8001 and 8002, may be taken)
+_QUIET_PORTS = ("--grpc-port", "0", "--metrics-port", "0")
+_GRPC = re.compile(r"gRPC on 127\.0\.0\.1:(\d+)")
+_METRICS = re.compile(r"metrics on http://127\.0\.0\.1:(\d+)")
 
 
 @dataclass
@@ -24,6 +28,12 @@ class ServerProcess:
     proc: subprocess.Popen
     port: int
     log: Path
+    grpc_port: int | None = None
+    metrics_port: int | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
 
     @property
     def url(self) -> str:
@@ -53,14 +63,24 @@ class ServerProcess:
             return self.proc.wait(10)
 
 
-def start_server(build: Path, log: Path, *args: str, env: dict | None = None, wait_ready: bool = True):
-    """Start ``veo-edge serve BUILD --port 0``; wait for its port (and its readiness, bounded)."""
+def start_server(
+    build: Path | list[Path],
+    log: Path,
+    *args: str,
+    env: dict | None = None,
+    wait_ready: bool = True,
+    python: str = sys.executable,
+):
+    """Start ``veo-edge serve BUILD [BUILD ...] --port 0`` (with ``python``); wait for its port (and
+    readiness, bounded)."""
+    builds = [str(b) for b in (build if isinstance(build, list) else [build])]
     out = open(log, "w")  # noqa: SIM115 - the child writes to it for its whole life
     proc = subprocess.Popen(
-        [sys.executable, "-m", "veo_edge.cli.main", "serve", str(build), "--port", "0", *args],
+        [python, "-m", "veo_edge.cli.main", "serve", *builds, "--port", "0", *_QUIET_PORTS, *args],
         stdout=out,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
+        cwd=log.parent,  # not the checkout: `python -m veo_edge` must import the installed package
     )
     out.close()
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -78,7 +98,15 @@ def start_server(build: Path, log: Path, *args: str, env: dict | None = None, wa
             )
         else:
             time.sleep(0.05)
-    server = ServerProcess(proc, port, log)
+    text = log.read_text()
+    grpc_port, metrics_port = _GRPC.search(text), _METRICS.search(text)
+    server = ServerProcess(
+        proc,
+        port,
+        log,
+        int(grpc_port.group(1)) if grpc_port else None,
+        int(metrics_port.group(1)) if metrics_port else None,
+    )
     while wait_ready and server.request("GET", "/v2/health/ready")[0] != 200:
         if time.monotonic() > deadline:
             server.stop()
@@ -102,7 +130,7 @@ def serve(tmp_path: Path):
     """Factory: ``serve(build, *args, env=..., wait_ready=...)`` starts a server; all stop at teardown."""
     servers: list[ServerProcess] = []
 
-    def _start(build: Path, *args: str, **kw) -> ServerProcess:
+    def _start(build: Path | list[Path], *args: str, **kw) -> ServerProcess:
         server = start_server(build, tmp_path / f"serve-{len(servers)}.log", *args, **kw)
         servers.append(server)
         return server
@@ -110,3 +138,19 @@ def serve(tmp_path: Path):
     yield _start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def serve_module(tmp_path_factory: pytest.TempPathFactory):
+    """Like ``serve``, for servers that a whole test module shares; all stop when the module ends."""
+    servers: list[ServerProcess] = []
+    logs = tmp_path_factory.mktemp("serve-module")
+
+    def _start(build: Path | list[Path], *args: str, **kw) -> ServerProcess:
+        server = start_server(build, logs / f"serve-{len(servers)}.log", *args, **kw)
+        servers.append(server)
+        return server
+
+    yield _start
+    codes = [server.stop() for server in servers]
+    assert codes == [0] * len(servers), [s.log.read_text() for s in servers]

@@ -117,6 +117,23 @@ BAD = [
         "neither 'data' nor parameters.binary_data_size",
     ),
     (json.dumps({"inputs": [], "id": 5}).encode(), None, "'id' must be a JSON string"),
+    (
+        json.dumps(
+            {"inputs": json.loads(_json_req())["inputs"], "outputs": [{"name": "logits"}, {"name": "logits"}]}
+        ).encode(),
+        None,
+        "output 'logits' is requested twice",
+    ),
+    (
+        json.dumps(
+            {
+                "inputs": json.loads(_json_req())["inputs"],
+                "outputs": [{"name": "logits", "parameters": {"classification": "3"}}],
+            }
+        ).encode(),
+        None,
+        r"classification \(class_count\) must be a JSON integer",
+    ),
     (json.dumps({"inputs": []}).encode(), None, r"missing input\(s\) \['input'\]"),
     (b"[" * 100_000, None, "nested too deeply|not valid JSON"),
     (_json_req(), "ten", "Inference-Header-Content-Length 'ten' is not an integer"),
@@ -208,3 +225,32 @@ def test_fuzz_structured(case):
 def test_fuzz_bytes(body, hlen):
     with pytest.raises(ProtocolError):
         parse_infer_request(body, hlen, MODEL)
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_classification_response(binary):
+    body = json.dumps(
+        {
+            "inputs": json.loads(_json_req())["inputs"],
+            "outputs": [{"name": "logits", "parameters": {"classification": 3, "binary_data": binary}}],
+        }
+    ).encode()
+    req = parse_infer_request(body, None, MODEL)
+    assert req.outputs[0].class_count == 3
+    y = np.array([[0.5, 2.0, -1.0, 2.0, 0.25, 0, 0, 0, 0, 0]], np.float32)
+    labels = [f"c{i}" for i in range(10)]
+    chunks, hlen = encode_infer_response(MODEL, req, {"logits": y}, labels)
+    raw = b"".join(bytes(c) for c in chunks)
+    head = json.loads(raw[:hlen] if hlen else raw)
+    out = head["outputs"][0]
+    assert out["datatype"] == "BYTES" and out["shape"] == [1, 3]
+    if binary:
+        tail, values = raw[hlen:], []
+        while tail:
+            n = int.from_bytes(tail[:4], "little")
+            values.append(tail[4 : 4 + n].decode())
+            tail = tail[4 + n :]
+    else:
+        values = out["data"]
+    # highest first; ties keep the lower index first (a stable sort)
+    assert values == ["2.000000:1:c1", "2.000000:3:c3", "0.500000:0:c0"]

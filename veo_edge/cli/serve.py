@@ -8,52 +8,125 @@ import typer
 
 
 def serve(
-    build_dir: Path = typer.Argument(..., help="A build directory made by `veo-edge build`."),
+    build_dirs: list[Path] = typer.Argument(
+        ...,
+        help="Build directories made by `veo-edge build`, or model repositories (folders of them).",
+        metavar="DIR",
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (0.0.0.0 for all interfaces)."),
     port: int = typer.Option(8000, "--port", "-p", help="Port to listen on (0: any free port)."),
     model_name: str = typer.Option(None, "--model-name", help="Name to serve under (default: the build's)."),
     backend: str = typer.Option("auto", "--backend", "-b", help="auto, tensorrt, onnxruntime or openvino."),
+    policy: str = typer.Option(
+        None,
+        "--policy",
+        help="Fallback order with --backend auto, comma-separated (e.g. openvino,onnxruntime on a CPU host).",
+    ),
     max_request_bytes: int = typer.Option(64 << 20, "--max-request-bytes", help="Largest request body."),
+    max_buffered_bytes: int = typer.Option(
+        256 << 20, "--max-buffered-bytes", help="Request-body bytes held across all connections (503 above)."
+    ),
     max_queue: int = typer.Option(256, "--max-queue", help="Samples queued before requests get 503."),
     max_queue_delay_ms: float = typer.Option(2.0, "--max-queue-delay-ms", help="Batching window."),
     infer_timeout: float = typer.Option(60.0, "--infer-timeout", help="Seconds before an infer gets 504."),
+    read_timeout: float = typer.Option(
+        30.0, "--read-timeout", help="Seconds a request may take to arrive whole (408 after)."
+    ),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds SIGTERM waits for requests."),
     threads: int = typer.Option(None, "--threads", help="CPU backend threads (default: the backend's)."),
+    grpc_port: int = typer.Option(
+        8001, "--grpc-port", help="KServe v2 gRPC port (0: any free port; -1: off)."
+    ),
+    metrics_port: int = typer.Option(
+        8002, "--metrics-port", help="Separate Prometheus port (0: any free port; -1: off)."
+    ),
+    performance_hint: str = typer.Option(
+        "LATENCY",
+        "--performance-hint",
+        help="OpenVINO: LATENCY (one request at a time, all cores) or THROUGHPUT (streams in parallel).",
+    ),
 ) -> None:
-    """Serve a build over HTTP (KServe v2 / Triton protocol, /metrics); SIGTERM drains and exits 0."""
-    import asyncio
+    """Serve builds over HTTP and gRPC (KServe v2 / Triton protocol, /metrics); SIGTERM drains, exits 0.
+
+    Several models: several DIRs, or a folder of build directories (each subfolder a model, named by
+    its folder); each model has its own runtime, batcher and readiness."""
     import logging
+    from collections.abc import Callable
 
     from veo_edge.errors import UsageError
     from veo_edge.runtime.runtime import Runtime
     from veo_edge.serve.app import ServeOptions, serve_async
-    from veo_edge.serve.http import Limits
+    from veo_edge.serve.repository import find_models
+    from veo_edge.serve.transport import Limits
 
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--port {port} is out of range; expected 0..65535")
+    for flag, value, least in (
+        ("--port", port, 0),
+        ("--grpc-port", grpc_port, -1),
+        ("--metrics-port", metrics_port, -1),
+    ):
+        if not least <= value <= 65535:
+            raise UsageError(f"{flag} {value} is out of range; expected {least}..65535")
     if max_request_bytes < 1024:
         raise UsageError(f"--max-request-bytes {max_request_bytes} is too small; expected at least 1024")
+    if max_buffered_bytes < max_request_bytes:
+        raise UsageError(
+            f"--max-buffered-bytes {max_buffered_bytes} is below --max-request-bytes {max_request_bytes}; "
+            "the server could never hold one largest request"
+        )
+    if read_timeout <= 0:
+        raise UsageError(f"--read-timeout {read_timeout} must be positive")
+    names = [p.strip() for p in policy.split(",") if p.strip()] if policy is not None else None
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     options = ServeOptions(
         host=host,
         port=port,
         model_name=model_name,
-        limits=Limits(max_body_bytes=max_request_bytes),
+        limits=Limits(
+            max_body_bytes=max_request_bytes,
+            max_buffered_bytes=max_buffered_bytes,
+            read_timeout_s=read_timeout,
+        ),
         infer_timeout_s=infer_timeout,
         drain_timeout_s=drain_timeout,
+        grpc_port=None if grpc_port < 0 else grpc_port,
+        metrics_port=None if metrics_port < 0 else metrics_port,
     )
-    runtime = Runtime(
-        build_dir,
-        backend=backend,
-        max_queue=max_queue,
-        max_queue_delay_ms=max_queue_delay_ms,
-        threads=threads,
-    ).start()
+
+    def runtime_for(build) -> Callable[[], Runtime]:
+        def make() -> Runtime:  # also what POST /v2/repository/models/NAME/load calls after an unload
+            return Runtime(
+                build,
+                backend=backend,
+                policy=names,
+                max_queue=max_queue,
+                max_queue_delay_ms=max_queue_delay_ms,
+                threads=threads,
+                performance_hint=performance_hint.upper(),
+            ).start()
+
+        return make
+
+    makers = {entry.name: runtime_for(entry.build) for entry in find_models(build_dirs, model_name)}
+    runtimes: dict[str, Runtime] = {}
     try:
-        code = asyncio.run(serve_async(runtime, options))
+        for name, make in makers.items():  # each model: its own runtime, batcher and readiness
+            runtimes[name] = make()
+        code = _run(serve_async(runtimes, options, make_runtime=makers))
     finally:
-        runtime.close(drain=False)
+        for runtime in runtimes.values():
+            runtime.close(drain=False)
     raise typer.Exit(code)
+
+
+def _run(coro):
+    """Run on uvloop where it is installed (a faster event loop, what uvicorn itself prefers)."""
+    import asyncio
+
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,9 +1,16 @@
 """Dynamic batching: concurrent callers submit one sample each; one thread groups them into batches.
 
-A batch closes when it holds ``max_batch`` samples or when its first sample has waited
-``max_delay_ms``, whichever comes first. The batch is stacked into an input buffer kept per batch size
-(steady state allocates no new input buffers), run through ``run_batch``, and each caller's future is
-resolved with its own row of the output, copied so that no caller holds a view of a shared array.
+Batching costs nothing when it cannot help. A free slot takes what is queued at once, unless more
+samples are *arriving* (announced with :meth:`Batcher.expect` by a transport that has begun receiving a
+request) and the batch is not full: only then does it wait, until the batch is full, the arrivals are in
+(or withdrawn), or its first sample has waited ``max_delay_ms``. A lone request therefore never waits
+for the window, and under concurrency batches still fill: samples queue up while the slots are busy.
+
+``slots`` batches may run at once (one thread each), for backends that run several infer requests in
+parallel (OpenVINO's THROUGHPUT streams); one slot forms a batch at a time. The batch is stacked into an
+input buffer kept per slot and batch size (steady state allocates no new input buffers), run through
+``run_batch``, and each caller's future is resolved with its own row of the output, copied so that no
+caller holds a view of a shared array.
 
 Every accepted sample is answered exactly once: with its output, or with the exception that the batch
 raised. The queue is bounded; a full queue rejects at once with :class:`~veo_edge.errors.OverloadedError`.
@@ -14,7 +21,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -58,8 +65,35 @@ class BatcherStats:
     max_wait_us: float = 0.0  # the longest any batch's first sample waited before dispatch
 
 
+class Arrival:
+    """Samples a transport has begun to receive; a waiting batch may wait for them (see the module doc).
+
+    Use as a context manager around receiving and submitting a request: the announcement is withdrawn at
+    exit (or as each sample is submitted through :meth:`Batcher.submit` with ``arrival=``)."""
+
+    def __init__(self, batcher: Batcher, n: int) -> None:
+        self._batcher = batcher
+        self.left = n
+
+    def done(self, n: int | None = None) -> None:
+        """``n`` of the announced samples came (or will not come); all of them when ``None``."""
+        b = self._batcher
+        with b._cond:
+            k = self.left if n is None else min(n, self.left)
+            self.left -= k
+            b._arriving -= k
+            b._cond.notify()
+
+    def __enter__(self) -> Arrival:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.left:
+            self.done()
+
+
 class Batcher:
-    """Groups single samples into batches of at most ``max_batch`` and runs them on one thread."""
+    """Groups single samples into batches of at most ``max_batch`` and runs them on ``slots`` threads."""
 
     def __init__(
         self,
@@ -70,6 +104,7 @@ class Batcher:
         max_delay_ms: float = 2.0,
         max_queue: int = 256,
         name: str = "veo-edge-batcher",
+        slots: int = 1,
     ) -> None:
         if max_batch < 1:
             raise UsageError(f"max_batch must be >= 1, got {max_batch}")
@@ -77,6 +112,8 @@ class Batcher:
             raise UsageError(f"max_queue_delay_ms must be >= 0, got {max_delay_ms}")
         if max_queue < 1:
             raise UsageError(f"max_queue must be >= 1, got {max_queue}")
+        if slots < 1:
+            raise UsageError(f"slots must be >= 1, got {slots}")
         self.run_batch = run_batch
         self.sample_shape = tuple(sample_shape)
         self.dtype = np.dtype(dtype)
@@ -87,36 +124,71 @@ class Batcher:
         self._cond = threading.Condition()
         self._accepting = True
         self._stop = False
-        self._buffers: dict[int, np.ndarray] = {}
+        self.slots = slots
+        self._arriving = 0  # samples announced by expect() and not yet submitted or withdrawn
+        self._forming = threading.Lock()  # one slot forms a batch at a time; the others wait here
+        self._buffers: dict[tuple[int, int], np.ndarray] = {}
         self._stats = BatcherStats()
         self._stats_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._loop, args=(i,), name=f"{name}-{i}", daemon=True)
+            for i in range(slots)
+        ]
+        for t in self._threads:
+            t.start()
 
     # -- callers ----------------------------------------------------------------------------------
-    def submit(self, sample: np.ndarray) -> Future:
-        """Queue one sample (already checked by the caller); its future resolves to its output row."""
-        fut: Future = Future()
+    def expect(self, n: int = 1) -> Arrival:
+        """Announce ``n`` samples that are on their way (a request being received): a partial batch
+        may wait for them, within ``max_delay_ms``. Withdrawn when the :class:`Arrival` exits."""
         with self._cond:
+            self._arriving += n
+        return Arrival(self, n)
+
+    def submit(self, sample: np.ndarray, arrival: Arrival | None = None) -> Future:
+        """Queue one sample (already checked by the caller); its future resolves to its output row.
+        ``arrival``: the announcement this sample fulfils (one of its samples is counted as come)."""
+        return self.submit_many([sample], arrival)[0]
+
+    def submit_many(self, samples: Sequence[np.ndarray], arrival: Arrival | None = None) -> list[Future]:
+        """Queue the samples of one request at once (all or, when the queue cannot hold them, none), so
+        that a batch forming meanwhile sees all of them; one future per sample."""
+        futures: list[Future] = [Future() for _ in samples]
+        with self._cond:
+            if arrival is not None and arrival.left:
+                k = min(len(samples), arrival.left)
+                arrival.left -= k
+                self._arriving -= k
             if not self._accepting:
                 raise ClosedError("the runtime is closed and accepts no more requests; start a new one")
-            if len(self._queue) >= self.max_queue:
-                # samples whose callers gave up (a multi-sample request rejected halfway) hold no slot
+            if len(self._queue) + len(samples) > self.max_queue:
+                # samples whose callers gave up hold no slot
                 live = [it for it in self._queue if not it.future.cancelled()]
                 if len(live) < len(self._queue):
                     self._queue = collections.deque(live)
-            if len(self._queue) >= self.max_queue:
+            if len(self._queue) + len(samples) > self.max_queue:
+                also = f"; this request has {len(samples)} samples" if len(samples) > 1 else ""
                 raise OverloadedError(
-                    f"request queue is full ({self.max_queue} pending); retry later, lower the request "
-                    "rate, or raise max_queue"
+                    f"request queue is full ({len(self._queue)} pending of {self.max_queue}{also}); retry "
+                    "later, lower the request rate, or raise max_queue"
                 )
-            self._queue.append(_Item(sample, fut, time.perf_counter_ns()))
+            now = time.perf_counter_ns()
+            self._queue.extend(_Item(x, f, now) for x, f in zip(samples, futures, strict=True))
             self._cond.notify()
-        return fut
+        return futures
 
     @property
     def pending(self) -> int:
         return len(self._queue)
+
+    @property
+    def arriving(self) -> int:
+        return self._arriving
+
+    @property
+    def alive(self) -> bool:
+        """Whether any batching thread still runs (after a close that timed out while draining)."""
+        return any(t.is_alive() for t in self._threads)
 
     def stats(self) -> BatcherStats:
         with self._stats_lock:
@@ -125,7 +197,7 @@ class Batcher:
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop accepting. With ``drain`` every queued sample is still run; otherwise queued samples
-        are answered with :class:`ClosedError`. Returns once the thread has stopped (or ``timeout``)."""
+        are answered with :class:`ClosedError`. Returns once the threads have stopped (or ``timeout``)."""
         with self._cond:
             self._accepting = False
             if not drain:
@@ -140,19 +212,22 @@ class Batcher:
                 item.future.set_exception(
                     ClosedError("the runtime closed without draining before this request ran; retry it")
                 )
-        self._thread.join(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self._threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     # -- the batching thread ----------------------------------------------------------------------
     def _take_batch(self) -> list[_Item] | None:
-        """Block for the next batch; ``None`` once stopped and empty."""
+        """Block for the next batch; ``None`` once stopped and empty. Called under ``_forming``."""
         delay_ns = int(self.max_delay_ms * 1e6)
         with self._cond:
             while not self._queue:
                 if self._stop:
                     return None
                 self._cond.wait()
+            # wait only while the batch can still fill: it is not full and more samples are arriving
             deadline = self._queue[0].enqueued_ns + delay_ns
-            while len(self._queue) < self.max_batch and not self._stop:
+            while len(self._queue) < self.max_batch and self._arriving > 0 and not self._stop:
                 remaining = deadline - time.perf_counter_ns()
                 if remaining <= 0:
                     break
@@ -160,25 +235,26 @@ class Batcher:
             n = min(self.max_batch, len(self._queue))
             return [self._queue.popleft() for _ in range(n)]
 
-    def _loop(self) -> None:
+    def _loop(self, slot: int) -> None:
         while True:
-            items = self._take_batch()
+            with self._forming:
+                items = self._take_batch()
             if items is None:
                 return
             # callers may have cancelled their futures while queued: those are not run
             items = [it for it in items if it.future.set_running_or_notify_cancel()]
             if items:
-                self._run(items)
+                self._run(items, slot)
 
-    def _buffer(self, n: int) -> np.ndarray:
-        buf = self._buffers.get(n)
+    def _buffer(self, n: int, slot: int) -> np.ndarray:
+        buf = self._buffers.get((slot, n))
         if buf is None:
-            buf = self._buffers[n] = np.empty((n, *self.sample_shape), self.dtype)
+            buf = self._buffers[slot, n] = np.empty((n, *self.sample_shape), self.dtype)
         return buf
 
-    def _run(self, items: list[_Item]) -> None:
+    def _run(self, items: list[_Item], slot: int = 0) -> None:
         start = time.perf_counter_ns()
-        x = self._buffer(len(items))
+        x = self._buffer(len(items), slot)
         for i, it in enumerate(items):
             x[i] = it.sample
         try:

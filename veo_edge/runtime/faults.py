@@ -14,6 +14,8 @@ Spec keys (all optional):
     activation raises :class:`~veo_edge.errors.BackendUnavailableError`: the candidate is skipped.
 ``oom_after`` (int N)
     calls 1..N run, every call after the Nth fails (a persistent out-of-memory, as on a real GPU).
+``recover_after`` (int M, with ``oom_after`` N)
+    calls N+1..M fail, calls after M run again (a fault that heals: a GPU reset, a freed device).
 ``every_nth`` (int N)
     calls N, 2N, 3N ... fail (a transient fault).
 ``slow_ms`` (float)
@@ -71,6 +73,7 @@ class InjectedBackendError(BackendError):
 class FaultSpec:
     fail_at_start: bool = False
     oom_after: int | None = None
+    recover_after: int | None = None
     every_nth: int | None = None
     slow_ms: float = 0.0
     leak_bytes_per_call: int = 0
@@ -90,7 +93,7 @@ class FaultSpec:
                 f"unknown fault option(s) {unknown} for {backend!r}; choose from: {', '.join(sorted(known))}"
             )
         spec = cls(**raw)
-        for key in ("oom_after", "every_nth"):
+        for key in ("oom_after", "every_nth", "recover_after"):
             v = getattr(spec, key)
             if v is not None and (
                 not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "oom_after" else 1)
@@ -104,6 +107,13 @@ class FaultSpec:
             raise UsageError(
                 f"fault option leak_bytes_per_call={leak!r} for {backend!r} is invalid; expected an integer "
                 ">= 0 (bytes kept alive per call)"
+            )
+        if spec.recover_after is not None and (
+            spec.oom_after is None or spec.recover_after <= spec.oom_after
+        ):
+            raise UsageError(
+                f"fault option recover_after={spec.recover_after} for {backend!r} needs oom_after below it, "
+                'e.g. {"oom_after": 5, "recover_after": 8}'
             )
         if not isinstance(spec.slow_ms, int | float) or spec.slow_ms < 0:
             raise UsageError(f"fault option slow_ms={spec.slow_ms!r} for {backend!r} must be a number >= 0")
@@ -125,7 +135,8 @@ class FaultSpec:
 
     def fails_call(self, n: int) -> bool:
         """Whether call number ``n`` (1-based) fails."""
-        if self.oom_after is not None and n > self.oom_after:
+        healed = self.recover_after is not None and n > self.recover_after
+        if self.oom_after is not None and n > self.oom_after and not healed:
             return True
         return bool(self.every_nth) and n % self.every_nth == 0
 

@@ -9,14 +9,22 @@ from veo_edge.runtime.backends.base import Runner
 CPU_BACKENDS = ("openvino", "onnxruntime")
 
 
-def cpu_runner(build: BuildDir, backend: str, threads: int | None = None) -> Runner:
-    """The CPU runner ``backend`` over ``build``'s plain artifacts."""
+def cpu_runner(
+    build: BuildDir, backend: str, threads: int | None = None, performance_hint: str = "LATENCY"
+) -> Runner:
+    """The CPU runner ``backend`` over ``build``'s plain artifacts (``performance_hint``: OpenVINO's)."""
     if backend == "openvino":
         from veo_edge.runtime.backends.openvino import OpenVinoRunner
 
         precision = served_precision(build, "openvino")
         xml = build.artifact("openvino_int8_xml" if precision == "int8" else "openvino_xml")
-        return OpenVinoRunner(xml, max_batch=build.max_batch, threads=threads, precision=precision)
+        return OpenVinoRunner(
+            xml,
+            max_batch=build.max_batch,
+            threads=threads,
+            precision=precision,
+            hint=performance_hint,
+        )
     if backend == "onnxruntime":
         from veo_edge.runtime.backends.onnxruntime import OnnxRuntimeRunner
 

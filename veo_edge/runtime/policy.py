@@ -150,12 +150,14 @@ def artifacts_of(name: str, build: BuildDir) -> list[str]:
     return ["onnx"]
 
 
-def make_runner(name: str, build: BuildDir, threads: int | None = None, **options: Any):
+def make_runner(
+    name: str, build: BuildDir, threads: int | None = None, performance_hint: str = "LATENCY", **options: Any
+):
     """The (inactive) runner for candidate ``name`` over ``build``'s artifacts."""
     if name in ("openvino", "onnxruntime"):
         from veo_edge.runtime.loaders import cpu_runner
 
-        return cpu_runner(build, name, threads=threads)
+        return cpu_runner(build, name, threads=threads, performance_hint=performance_hint)
     if name == "onnxruntime-cuda":
         from veo_edge.runtime.backends.onnxruntime import OnnxRuntimeRunner
 

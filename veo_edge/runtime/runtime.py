@@ -19,6 +19,7 @@ injected through ``faults`` or ``$VEO_EDGE_FAULTS`` (see :mod:`veo_edge.runtime.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -42,7 +43,8 @@ from veo_edge.errors import (
     VeoEdgeError,
 )
 from veo_edge.runtime.backends.base import Runner, TensorMeta
-from veo_edge.runtime.batching import Batcher, BatcherStats, ClosedError
+from veo_edge.runtime.backends.openvino import PERFORMANCE_HINTS
+from veo_edge.runtime.batching import Arrival, Batcher, BatcherStats, ClosedError
 from veo_edge.runtime.faults import FaultyRunner, parse_faults, spec_for
 from veo_edge.runtime.policy import (
     BACKENDS,
@@ -118,6 +120,8 @@ class Runtime:
         threads: int | None = None,
         recover_interval_s: float | None = None,
         gpu: int = 0,
+        concurrency: int | None = None,
+        performance_hint: str = "LATENCY",
     ) -> None:
         self.build = build_dir if isinstance(build_dir, BuildDir) else BuildDir.open(build_dir)
         self.backend = backend
@@ -136,6 +140,14 @@ class Runtime:
         self.max_queue = int(max_queue)
         self.threads = threads
         self.recover_interval_s = recover_interval_s
+        if concurrency is not None and concurrency < 1:
+            raise UsageError(f"concurrency must be >= 1 (batches in flight at once), got {concurrency}")
+        self.concurrency = concurrency  # None: what the first active backend runs in parallel
+        if performance_hint not in PERFORMANCE_HINTS:
+            raise UsageError(
+                f"unknown performance hint {performance_hint!r}; choose one of: {', '.join(PERFORMANCE_HINTS)}"
+            )
+        self.performance_hint = performance_hint  # OpenVINO: LATENCY, or THROUGHPUT streams in parallel
         manifest = self.build.manifest
         self.max_batch = self.build.max_batch
         self.input_shape = tuple(int(d) for d in manifest["input_shape"])
@@ -143,7 +155,10 @@ class Runtime:
         self.input_dtype = np.dtype(manifest["inputs"][0]["dtype"])
         self.output_name = manifest["outputs"][0]["name"]
 
-        self._exec_lock = threading.RLock()  # one batch at a time on the runner; switching under it too
+        # batches run on the runner under the gate's shared side, at most the runner's concurrency at
+        # once (_slots); activation, switching and closing take its exclusive side
+        self._exec_lock = _Gate()
+        self._slots = threading.BoundedSemaphore(1)
         self._state_lock = threading.Lock()
         self._runner: Runner | None = None
         self._active: int | None = None  # index into self.names
@@ -155,6 +170,9 @@ class Runtime:
         self._switches: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._fallback_count = 0  # failures switched away from, counted beyond the history's length
         self._sync = _Counters()
+        #: batch size -> total compute time (us) of the batches of that size, both paths (Triton batch_stats)
+        self._batch_compute_us: dict[int, float] = {}
+        self._last_inference_ms = 0
         self._batcher: Batcher | None = None
         self._started = False
         self._closed = False
@@ -179,6 +197,7 @@ class Runtime:
                 self.max_batch,
                 self.max_queue_delay_ms,
                 self.max_queue,
+                slots=self.concurrency or _concurrency(self._runner),
             )
             self._started = True
         return self
@@ -191,7 +210,7 @@ class Runtime:
             self._closed = True
         if self._batcher is not None:
             self._batcher.close(drain=drain, timeout=timeout)
-            if self._batcher._thread.is_alive():  # timed out while draining: it releases nothing
+            if self._batcher.alive:  # timed out while draining: it releases nothing
                 log.warning("runtime closed with requests still running after %ss", timeout)
                 return
         with self._exec_lock:
@@ -230,7 +249,7 @@ class Runtime:
                 self._count_sync(len(chunk), (time.perf_counter_ns() - start) / 1e3, ok)
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
-    def submit(self, sample: np.ndarray) -> Future:
+    def submit(self, sample: np.ndarray, arrival: Arrival | None = None) -> Future:
         """Queue one sample (``input_shape`` or ``(1, *input_shape)``) for the dynamic batcher."""
         self._require_open()
         if not isinstance(sample, np.ndarray):
@@ -243,7 +262,29 @@ class Runtime:
             )
         self._check_dtype(sample)
         assert self._batcher is not None
-        return self._batcher.submit(sample.reshape(self.input_shape))
+        return self._batcher.submit(sample.reshape(self.input_shape), arrival)
+
+    def submit_many(self, x: np.ndarray, arrival: Arrival | None = None) -> list[Future]:
+        """Queue the samples of a batch ``(N, *input_shape)`` at once, all or none (a full queue raises
+        :class:`OverloadedError` and queues nothing); one future per sample."""
+        self._require_open()
+        if not isinstance(x, np.ndarray):
+            raise InputError(f"input is a {type(x).__name__}, expected a numpy array")
+        if x.ndim != len(self.input_shape) + 1 or tuple(x.shape[1:]) != self.input_shape or not x.shape[0]:
+            raise InputError(
+                f"input has shape {tuple(x.shape)}, expected (N, {', '.join(map(str, self.input_shape))}) "
+                "with N >= 1"
+            )
+        self._check_dtype(x)
+        assert self._batcher is not None
+        return self._batcher.submit_many(list(x), arrival)
+
+    def expect(self, n: int = 1) -> Arrival:
+        """Announce ``n`` samples a transport has begun to receive, so that a partial batch may wait for
+        them (within the queue delay); pass the result to :meth:`submit` or exit it as a context."""
+        self._require_open()
+        assert self._batcher is not None
+        return self._batcher.expect(n)
 
     def _check_dtype(self, x: np.ndarray) -> None:
         if x.dtype != self.input_dtype:
@@ -274,7 +315,12 @@ class Runtime:
     def _make(self, name: str) -> Runner:
         gpu_options = {"gpu": self.gpu} if name == "tensorrt" else {}
         runner = make_runner(
-            name, self.build, threads=self.threads, gpu_memory_budget=self.gpu_memory_budget, **gpu_options
+            name,
+            self.build,
+            threads=self.threads,
+            performance_hint=self.performance_hint,
+            gpu_memory_budget=self.gpu_memory_budget,
+            **gpu_options,
         )
         spec = spec_for(self.faults, name)
         return FaultyRunner(runner, spec, label=name) if spec is not None else runner
@@ -307,8 +353,7 @@ class Runtime:
         for i in range(first, len(self.names)):
             runner = self._try(i)
             if runner is not None:
-                self._runner, self._active = runner, i
-                self._set_status(self.names[i], "active")
+                self._use(runner, i)
                 log.info("backend %s active", self.names[i])
                 return
         names = self.names[first:]
@@ -329,27 +374,45 @@ class Runtime:
         error.details = {"tried": names, "skipped": [{"backend": n, "reason": latest[n]} for n in latest]}
         raise error
 
+    def _use(self, runner: Runner, index: int) -> None:
+        """Make ``runner`` the active one (under the exclusive side of the gate)."""
+        self._runner, self._active = runner, index
+        self._slots = threading.BoundedSemaphore(_concurrency(runner))
+        self._set_status(self.names[index], "active")
+
     def _run_batch(self, x: np.ndarray) -> np.ndarray:
-        """Run one batch on the active backend; on a backend failure switch to the next and re-run it."""
-        with self._exec_lock:
-            self._maybe_recover()
-            while True:
-                runner, index = self._runner, self._active
+        """Run one batch on the active backend; on a backend failure switch to the next and re-run it.
+
+        Several batches may run at once (the batcher's slots), up to the runner's own concurrency."""
+        self._maybe_recover()
+        start = time.perf_counter_ns()
+        while True:
+            with self._exec_lock.shared():
+                runner, index, slots = self._runner, self._active, self._slots
                 if runner is None or index is None:
                     raise NoBackendError(
                         "no backend is active (all failed or the runtime is closed); see runtime.state"
                     )
                 try:
-                    return runner.infer({self.input_name: x})[self.output_name]
+                    with slots:
+                        out = runner.infer({self.input_name: x})[self.output_name]
+                    us = (time.perf_counter_ns() - start) / 1e3
+                    with self._state_lock:
+                        n = len(x)
+                        self._batch_compute_us[n] = self._batch_compute_us.get(n, 0.0) + us
+                        self._last_inference_ms = int(time.time() * 1000)
+                    return out
                 except (InputError, UsageError):
                     raise
                 except VeoEdgeError as e:
                     error: Exception = e
                 except Exception as e:  # a runner bug or a library error it did not wrap
                     error = BackendError(f"{self.names[index]} failed: {type(e).__name__}: {e}")
-                if not self.fallback or index + 1 >= len(self.names):
-                    raise error
-                self._switch(index, error)
+            if not self.fallback or index + 1 >= len(self.names):
+                raise error
+            with self._exec_lock:
+                if self._runner is runner:  # not yet switched away by a concurrent batch
+                    self._switch(index, error)
 
     def _switch(self, index: int, error: Exception) -> None:
         failed = self.names[index]
@@ -376,23 +439,28 @@ class Runtime:
             self._last_recover = now
             self.try_recover()
 
-    def try_recover(self) -> bool:
-        """Try to return to a candidate ahead of the active one (e.g. the GPU after an OOM); True if moved."""
+    def try_recover(self, only_if_none_active: bool = False) -> bool:
+        """Try to return to a candidate ahead of the active one (e.g. the GPU after an OOM), or to any
+        candidate when every one had failed; True if moved. ``only_if_none_active``: do nothing while a
+        backend is active (decided under the lock, so a switch in progress is waited for)."""
         with self._exec_lock:
-            if self._active is None or self._closed:
+            if self._closed or not self._started:
                 return False
-            for i in range(self._active):
+            if only_if_none_active and self._active is not None:
+                return False
+            upto = len(self.names) if self._active is None else self._active
+            for i in range(upto):
                 if self._status[self.names[i]].status == "disabled":
                     continue
                 runner = self._try(i)
                 if runner is None:
                     continue
-                old = self.names[self._active]
+                old = "none" if self._active is None else self.names[self._active]
                 if self._runner is not None:
                     self._runner.deactivate()
-                self._set_status(old, "standby")
-                self._runner, self._active = runner, i
-                self._set_status(self.names[i], "active")
+                if self._active is not None:
+                    self._set_status(old, "standby")
+                self._use(runner, i)
                 with self._state_lock:
                     self._switches.append(
                         {"from": old, "to": self.names[i], "reason": "recovered", "at": time.time()}
@@ -430,6 +498,8 @@ class Runtime:
         with self._state_lock:
             out = self._sync.add(b)
             switches = self._fallback_count
+            compute = dict(sorted(self._batch_compute_us.items()))
+            last = self._last_inference_ms
         pool = None
         runner = self._runner
         target = getattr(runner, "inner", runner)
@@ -439,6 +509,62 @@ class Runtime:
             **out,
             "pending": self._batcher.pending if self._batcher is not None else 0,
             "fallback_switches": switches,
+            "batch_compute_us": compute,
+            "last_inference_ms": last,
             "active_backend": self.active_backend,
             "memory_pool": pool,
         }
+
+
+def _concurrency(runner: Runner | None) -> int:
+    """How many batches ``runner`` runs in parallel (its ``concurrency``; 1 when it does not say)."""
+    target = getattr(runner, "inner", runner)
+    return max(1, int(getattr(target, "concurrency", 1) or 1))
+
+
+class _Gate:
+    """Shared (batches running) / exclusive (activation, switch, close) access to the active runner.
+
+    The exclusive side is re-entrant for its owner and is also the gate's context manager; a thread that
+    holds it may take the shared side too. The standard library has no reader-writer lock."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._owner: int | None = None
+        self._depth = 0
+
+    @contextlib.contextmanager
+    def shared(self):
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner != me:
+                while self._owner is not None:
+                    self._cond.wait()
+                self._readers += 1
+        try:
+            yield
+        finally:
+            if self._owner != me:
+                with self._cond:
+                    self._readers -= 1
+                    self._cond.notify_all()
+
+    def __enter__(self) -> _Gate:
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner != me:
+                while self._owner is not None:
+                    self._cond.wait()
+                self._owner = me
+                while self._readers:
+                    self._cond.wait()
+            self._depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._depth -= 1
+            if not self._depth:
+                self._owner = None
+                self._cond.notify_all()

@@ -17,8 +17,24 @@ from veo_edge.serve.protocol import ModelSpec
 _NVML_LOCK = threading.Lock()
 
 
+_IDLE_STATS: dict[str, Any] = {
+    "requests_success": 0,
+    "requests_failure": 0,
+    "batch_size_counts": {},
+    "batches": 0,
+    "request_us_total": 0.0,
+    "queue_us_total": 0.0,
+    "compute_us_total": 0.0,
+    "pending": 0,
+    "fallback_switches": 0,
+    "active_backend": None,
+    "memory_pool": None,
+}
+
+
 class HttpCounters:
-    """What the HTTP layer saw: responses by endpoint and status, rejections by reason."""
+    """What the HTTP layer saw: responses by route name (never the raw path) and status, rejections by
+    reason."""
 
     def __init__(self) -> None:
         self.responses: Counter[tuple[str, int]] = Counter()
@@ -58,10 +74,12 @@ class _Nvml:
 
 
 class ServeCollector:
-    """A prometheus-client collector over a runtime, the model spec and the HTTP counters."""
+    """A prometheus-client collector over a runtime, the model spec and the HTTP counters.
+
+    ``runtime`` is a callable returning the runtime now serving (``None`` while the model is unloaded)."""
 
     def __init__(self, runtime: Any, model: ModelSpec, http: HttpCounters, readiness: Any) -> None:
-        self.runtime = runtime
+        self.runtime_of = runtime if callable(runtime) else (lambda: runtime)
         self.model = model
         self.http = http
         self.readiness = readiness  # () -> bool
@@ -70,7 +88,8 @@ class ServeCollector:
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-        s = self.runtime.stats()
+        runtime = self.runtime_of()
+        s = runtime.stats() if runtime is not None else _IDLE_STATS
         ml = ["model", "version"]
         mv = [self.model.name, self.model.version]
 
@@ -136,7 +155,7 @@ class ServeCollector:
             "1 for the precision the active backend computes at (f32, bf16, int8, fp16)",
             labels=[*ml, "backend", "precision"],
         )
-        described = self.runtime.describe() if s.get("active_backend") else {}
+        described = runtime.describe() if runtime is not None and s.get("active_backend") else {}
         if described.get("precision"):
             precision.add_metric([*mv, str(s["active_backend"]), str(described["precision"])], 1)
         yield precision
@@ -167,7 +186,7 @@ class ServeCollector:
                 g.add_metric(mv, value)
                 yield g
         http = CounterMetricFamily(
-            "veo_edge_http_responses", "HTTP responses by endpoint and status", labels=["endpoint", "code"]
+            "veo_edge_http_responses", "HTTP responses by route and status", labels=["route", "code"]
         )
         for (endpoint, code), n in sorted(self.http.responses.items()):
             http.add_metric([endpoint, str(code)], n)
@@ -197,3 +216,18 @@ def render(registry: Any) -> tuple[bytes, str]:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def start_metrics_server(registry: Any, host: str, port: int) -> int:
+    """Serve ``registry`` on its own port (Triton's metrics port), in a daemon thread; the bound port."""
+    from prometheus_client import start_http_server
+
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        from veo_edge.errors import UsageError
+
+        raise UsageError(
+            f"cannot listen for metrics on {host}:{port} ({e}); choose another --metrics-port"
+        ) from e
+    return int(server.server_port)

@@ -98,6 +98,8 @@ class ModelSpec:
 class RequestedOutput:
     name: str
     binary: bool
+    #: the classification extension: answer the top ``class_count`` classes as BYTES, not the tensor
+    class_count: int = 0
 
 
 @dataclass
@@ -277,7 +279,6 @@ def parse_infer_request(
         raise ProtocolError(f"inputs disagree on the batch size: {sorted(batches)}")
 
     binary_default = parameters.get("binary_data_output", False) is True
-    out_names = {s.name for s in model.outputs}
     requested: list[RequestedOutput] = []
     outs = req.get("outputs")
     if outs is None:
@@ -286,24 +287,94 @@ def parse_infer_request(
         for i, item in enumerate(_expect(outs, list, "'outputs'")):
             item = _expect(item, dict, f"outputs[{i}]")
             name = _expect(item.get("name"), str, f"outputs[{i}] 'name'")
-            if name not in out_names:
-                raise ProtocolError(
-                    f"unknown output {name!r}; model {model.name!r} has outputs: {sorted(out_names)}"
-                )
-            binary = _params(item, f"output {name!r}").get("binary_data", binary_default)
-            requested.append(RequestedOutput(name, binary is True))
+            params = _params(item, f"output {name!r}")
+            binary = params.get("binary_data", binary_default)
+            # the extension's parameter is "classification" (what tritonclient sends); class_count too
+            count = params.get("classification", params.get("class_count", 0))
+            _expect(count, int, f"output {name!r} classification (class_count)")
+            requested.append(RequestedOutput(name, binary is True, count))
+    check_requested_outputs(model, requested)
     return InferRequest(arrays, requested, batches.pop(), request_id, parameters)
 
 
+def check_requested_outputs(model: ModelSpec, requested: list[RequestedOutput]) -> None:
+    """Each requested output exists, is asked for once, and has a usable ``class_count`` (any transport)."""
+    specs = {s.name: s for s in model.outputs}
+    seen: set[str] = set()
+    for want in requested:
+        spec = specs.get(want.name)
+        if spec is None:
+            raise ProtocolError(
+                f"unknown output {want.name!r}; model {model.name!r} has outputs: {sorted(specs)}"
+            )
+        if want.name in seen:
+            raise ProtocolError(f"output {want.name!r} is requested twice; name each output once")
+        seen.add(want.name)
+        if want.class_count < 0:
+            raise ProtocolError(
+                f"output {want.name!r} has classification (class_count) {want.class_count}; expected >= 0"
+            )
+        if want.class_count and len(spec.shape) != 2:
+            raise ProtocolError(
+                f"output {want.name!r} has shape {spec.describe()}; class_count needs a [N, classes] output"
+            )
+
+
+def classify(arr: np.ndarray, count: int, labels: list[str] | None) -> np.ndarray:
+    """Triton's classification extension: per sample the top ``count`` classes, highest first, as
+    ``"value:index"`` or ``"value:index:label"`` strings (an object array of bytes, shape [N, k])."""
+    k = min(count, arr.shape[1])
+    order = np.argsort(-arr, axis=1, kind="stable")[:, :k]
+    out = np.empty((arr.shape[0], k), dtype=object)
+    for n in range(arr.shape[0]):
+        for j, idx in enumerate(order[n]):
+            text = f"{float(arr[n, idx]):f}:{int(idx)}"
+            if labels is not None and idx < len(labels):
+                text += f":{labels[idx]}"
+            out[n, j] = text.encode()
+    return out
+
+
+def _bytes_tensor(arr: np.ndarray) -> bytes:
+    """BYTES elements serialized as Triton does: each a 4-byte little-endian length, then its bytes."""
+    return b"".join(len(v).to_bytes(4, "little") + v for v in arr.ravel())
+
+
+def load_labels(build: Any) -> list[str] | None:
+    """Class labels of a build, when it has them: manifest ``labels`` (a list), or ``labels.txt``
+    (one label per line, Triton's label file) in the build directory."""
+    labels = build.manifest.get("labels")
+    if isinstance(labels, list) and all(isinstance(x, str) for x in labels):
+        return list(labels)
+    path = build.path / "labels.txt"
+    if path.is_file():
+        return path.read_text(encoding="utf-8").splitlines()  # line i is class i
+    return None
+
+
 def encode_infer_response(
-    model: ModelSpec, request: InferRequest, outputs: dict[str, np.ndarray]
+    model: ModelSpec,
+    request: InferRequest,
+    outputs: dict[str, np.ndarray],
+    labels: list[str] | None = None,
 ) -> tuple[list[bytes | memoryview], int | None]:
     """Body chunks of the response and the JSON header length (``None`` when the body is all JSON)."""
     tensors = []
     binaries: list[bytes | memoryview] = []
     for want in request.outputs:
         arr = outputs[want.name]
-        entry: dict[str, Any] = {
+        if want.class_count:
+            top = classify(arr, want.class_count, labels)
+            entry: dict[str, Any] = {"name": want.name, "datatype": "BYTES", "shape": list(top.shape)}
+            if want.binary:
+                data = _bytes_tensor(top)
+                entry["parameters"] = {"binary_data_size": len(data)}
+                binaries.append(data)
+            else:
+                entry["data"] = [v.decode() for v in top.ravel()]
+            tensors.append(entry)
+            continue
+        entry = {
             "name": want.name,
             "datatype": datatype_of(arr.dtype),
             "shape": list(arr.shape),

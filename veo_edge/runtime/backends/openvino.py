@@ -1,4 +1,10 @@
-"""OpenVINO backend: the CPU fallback, running the IR from the build directory."""
+"""OpenVINO backend: the CPU fallback, running the IR from the build directory.
+
+With ``hint="THROUGHPUT"`` the CPU plugin splits the cores into streams, each running its own infer
+request; the runner then reports ``concurrency`` (OpenVINO's optimal number of infer requests) and runs
+that many batches in parallel when called from as many threads (the runtime's batcher slots). Each call
+takes an idle infer request of its batch size from a pool, so steady state creates no new requests.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,8 @@ log = logging.getLogger(__name__)
 # OpenVINO's names for the execution precisions veo-edge asks for. Every compile states one: left to
 # itself the CPU plugin picks bf16 on CPUs with AVX512-BF16 or AMX, and the results change with the machine.
 INFERENCE_PRECISIONS = {"f32": "f32", "bf16": "bf16"}
+#: OpenVINO's performance hints: LATENCY (one stream, all cores on each request) or THROUGHPUT (streams)
+PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT")
 
 
 def compile_config(
@@ -87,16 +95,28 @@ class OpenVinoRunner(Runner):
         threads: int | None = None,
         precision: str = "f32",
         has_native_bf16: Callable[[], bool] | None = None,
+        hint: str = "LATENCY",
+        streams: int | None = None,
     ) -> None:
         super().__init__(max_batch)
+        if hint not in PERFORMANCE_HINTS:
+            raise UsageError(
+                f"unknown OpenVINO performance hint {hint!r}; choose one of: {', '.join(PERFORMANCE_HINTS)}"
+            )
+        if streams is not None and streams < 1:
+            raise UsageError(f"OpenVINO streams must be >= 1, got {streams}")
         self.model = Path(model)
         self.device = device
         self.threads = threads
         self.precision = precision  # f32, bf16, or int8 (an NNCF-quantized IR)
         self.has_native_bf16 = has_native_bf16
         self.precision_note: str | None = None
+        self.hint = hint
+        self.streams = streams
+        #: batches this runner runs in parallel (set at activation: 1 for LATENCY)
+        self.concurrency = 1
         self._compiled: Any = None
-        self._requests: dict[int, Any] = {}
+        self._requests: dict[int, list[Any]] = {}  # idle infer requests by batch size
 
     def _activate(self) -> None:
         try:
@@ -116,7 +136,9 @@ class OpenVinoRunner(Runner):
         if self.precision_note:
             log.warning("%s: %s", self.model, self.precision_note)
         # an int8 IR carries its quantized ops; everything around them runs at the stated f32
-        config = compile_config("f32" if served == "int8" else served, self.threads)
+        config = compile_config("f32" if served == "int8" else served, self.threads, self.hint)
+        if self.streams is not None:
+            config["NUM_STREAMS"] = self.streams
         self._compiled = core.compile_model(model, self.device, config)
         self.compiled_precision = compiled_precision(self._compiled)
         if self.compiled_precision != config["INFERENCE_PRECISION_HINT"]:
@@ -127,25 +149,35 @@ class OpenVinoRunner(Runner):
         self.served_precision = served
         self._inputs = [_meta(p) for p in self._compiled.inputs]
         self._outputs = [_meta(p) for p in self._compiled.outputs]
+        self.concurrency = (
+            1
+            if self.hint == "LATENCY" and self.streams is None
+            else max(1, int(self._compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
+        )
 
     def _deactivate(self) -> None:
         self._requests.clear()
         self._compiled = None
 
     def _infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        # one infer request per batch size: its tensors are reused, so steady state allocates nothing new
+        # idle infer requests are kept per batch size: their tensors are reused, so steady state
+        # allocates nothing new; concurrent calls (THROUGHPUT streams) each take their own
         batch = next(iter(feed.values())).shape[0]
-        request = self._requests.get(batch)
-        if request is None:
-            request = self._requests[batch] = self._compiled.create_infer_request()
+        idle = self._requests.setdefault(batch, [])
+        try:
+            request = idle.pop()
+        except IndexError:
+            request = self._compiled.create_infer_request()
         try:
             result = request.infer(feed)
+            return {
+                m.name: np.array(result[port])
+                for m, port in zip(self._outputs, self._compiled.outputs, strict=True)
+            }
         except Exception as e:
             raise BackendError(f"OpenVINO inference failed: {e}") from e
-        return {
-            m.name: np.array(result[port])
-            for m, port in zip(self._outputs, self._compiled.outputs, strict=True)
-        }
+        finally:
+            idle.append(request)
 
     def describe(self) -> dict[str, Any]:
         import openvino as ov
@@ -157,4 +189,6 @@ class OpenVinoRunner(Runner):
             "precision": getattr(self, "served_precision", self.precision),
             "inference_precision_hint": getattr(self, "compiled_precision", None),
             **({"precision_note": self.precision_note} if self.precision_note else {}),
+            "performance_hint": self.hint,
+            "infer_requests_in_flight": self.concurrency,
         }

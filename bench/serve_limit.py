@@ -1,0 +1,266 @@
+"""`veo-edge serve` against the machine's limit: raw OpenVINO in-process vs the server over HTTP and gRPC.
+
+    python bench/serve_limit.py [--build-dir DIR] [--model vit-tiny] [--concurrency 1,2,4,8]
+                                [--seconds 5] [--rounds 2] [--hint LATENCY] [--perf-analyzer PATH]
+                                [--pytriton PYTHON]
+
+Rows, on the same OpenVINO IR at f32:
+- ``raw sync b1``: one LATENCY-compiled infer request, batch 1, back to back (what one client can get);
+- ``raw limit bN``: an ``AsyncInferQueue`` over a THROUGHPUT-compiled model (OpenVINO's streams, its
+  optimal number of infer requests) kept full at batch N for N in 1, 2, 4, 8; the best is the limit;
+- ``serve http|grpc cK``: one ``veo-edge serve`` process (``--performance-hint``), K closed-loop clients
+  sending batch-1 binary requests with ``tritonclient`` (threads) or, with ``--perf-analyzer``, with
+  Triton's perf_analyzer. Transports and concurrencies are interleaved, ``--rounds`` times; throughput is
+  the median over rounds, latency percentiles pool every round.
+- ``triton http|grpc cK`` (with ``--pytriton PYTHON``, a Python with nvidia-pytriton and openvino):
+  Triton through PyTriton on the same IR, same 2 ms queue delay (``bench/pytriton_server.py``),
+  interleaved with the rows above.
+
+All on loopback; bounded in time. The machine may be shared: check ``uptime`` first, and read the
+numbers as noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from _server import build_dir, percentiles, sample, server
+
+
+def raw_sync(xml: str, x: np.ndarray, seconds: float) -> dict:
+    import openvino as ov
+
+    from veo_edge.runtime.backends.openvino import compile_config
+
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(xml), "CPU", compile_config("f32", hint="LATENCY"))
+    request = compiled.create_infer_request()
+    for _ in range(5):
+        request.infer(x)
+    lat = []
+    stop = time.perf_counter() + seconds
+    while time.perf_counter() < stop:
+        t = time.perf_counter()
+        request.infer(x)
+        lat.append(time.perf_counter() - t)
+    return {"samples_s": len(lat) / sum(lat), **percentiles(lat)}
+
+
+def raw_limit(xml: str, x1: np.ndarray, batch: int, seconds: float) -> dict:
+    import openvino as ov
+
+    from veo_edge.runtime.backends.openvino import compile_config
+
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(xml), "CPU", compile_config("f32", hint="THROUGHPUT"))
+    nreq = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+    x = np.ascontiguousarray(np.repeat(x1, batch, 0))
+    queue = ov.AsyncInferQueue(compiled, nreq)
+    for _ in range(2 * nreq):
+        queue.start_async(x)
+    queue.wait_all()
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        queue.start_async(x)  # blocks while every infer request is busy
+        n += 1
+    queue.wait_all()
+    return {"samples_s": n * batch / (time.perf_counter() - start), "requests": nreq}
+
+
+def clients(transport: str, port: int, name: str, x: np.ndarray, k: int, seconds: float) -> dict:
+    if transport == "http":
+        import tritonclient.http as tc
+    else:
+        import tritonclient.grpc as tc
+
+    lat: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    start_at = time.perf_counter() + 0.5  # warm-up, not measured
+    stop_at = start_at + seconds
+
+    def worker() -> None:
+        client = tc.InferenceServerClient(f"127.0.0.1:{port}")
+        inp = tc.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        mine, bad = [], 0
+        while (now := time.perf_counter()) < stop_at:
+            try:
+                client.infer(name, [inp])
+            except Exception:  # counted, not fatal: a bench reports what it saw
+                bad += now >= start_at
+                continue
+            if now >= start_at:
+                mine.append(time.perf_counter() - now)
+        client.close()
+        with lock:
+            lat.extend(mine)
+            errors[0] += bad
+
+    threads = [threading.Thread(target=worker) for _ in range(k)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"samples_s": len(lat) / seconds, "lat": lat, "errors": errors[0]}
+
+
+def perf_analyzer(pa: str, transport: str, port: int, name: str, k: int, seconds: float) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "pa.csv"
+        cmd = [
+            pa,
+            "-m",
+            name,
+            "-u",
+            f"127.0.0.1:{port}",
+            "-i",
+            transport,
+            "--concurrency-range",
+            f"{k}:{k}",
+            "--measurement-interval",
+            str(int(seconds * 1000)),
+            "--max-trials",
+            "3",  # bounded: a shared machine may never look stable
+            "--stability-percentage",
+            "1000",
+            "-f",
+            str(out),
+        ]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 10 + 60)
+        if not out.is_file():  # e.g. no stable measurement on a busy machine: reported, not fatal
+            tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
+            print(f"  perf_analyzer {transport} c{k} failed ({done.returncode}): {tail[0]}")
+            return {"samples_s": float("nan"), "p50": float("nan"), "p99": float("nan"), "errors": 1}
+        row = next(csv.DictReader(out.open()))
+    return {
+        "samples_s": float(row["Inferences/Second"]),
+        "p50": float(row["p50 latency"]),
+        "p99": float(row["p99 latency"]),
+        "errors": 0,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def pytriton(python: str | None, build: Path, timeout: float = 180.0):
+    """Triton through PyTriton on ``build`` (``bench/pytriton_server.py``); yields its ports, or ``None``."""
+    if not python:
+        yield None
+        return
+    ports = {"http": _free_port(), "grpc": _free_port(), "metrics": _free_port()}
+    script = Path(__file__).with_name("pytriton_server.py")
+    with tempfile.NamedTemporaryFile("w+", suffix=".log") as log:
+        cmd = [python, str(script), str(build), *(f"--{k}-port={v}" for k, v in ports.items())]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout
+            while "pytriton ready" not in Path(log.name).read_text():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"PyTriton did not come up:\n{Path(log.name).read_text()[-3000:]}")
+                time.sleep(0.2)
+            yield ports
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build-dir", default=None, help="default: a fresh build of --model")
+    ap.add_argument("--model", default="vit-tiny")
+    ap.add_argument("--concurrency", default="1,2,4,8")
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--hint", default="LATENCY", help="the server's --performance-hint")
+    ap.add_argument("--perf-analyzer", default=None, help="drive the server with this perf_analyzer binary")
+    ap.add_argument("--pytriton", default=None, help="a Python with nvidia-pytriton: compare against Triton")
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still stops its servers
+    levels = [int(c) for c in args.concurrency.split(",")]
+    print(f"load: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (1-minute average)")
+    with build_dir(args.build_dir, args.model) as build:
+        from veo_edge.builddir import BuildDir
+
+        bd = BuildDir.open(build)
+        xml, name = str(bd.artifact("openvino_xml")), bd.model_name
+        x = sample(build, 1)
+        print(f"{name}, batch 1 per request, {args.seconds:g} s per cell; latency in ms")
+        sync = raw_sync(xml, x, args.seconds)
+        print(f"raw sync b1            {sync['samples_s']:8.1f} samples/s  p50 {sync['p50'] / 1e3:6.2f}")
+        limit = 0.0
+        for b in (1, 2, 4, 8):
+            if b > bd.max_batch:
+                break
+            r = raw_limit(xml, x, b, args.seconds)
+            limit = max(limit, r["samples_s"])
+            print(f"raw limit b{b} ({r['requests']} reqs) {r['samples_s']:8.1f} samples/s")
+        cells: dict[tuple[str, str, int], list[dict]] = {}
+        with (
+            server(build, "--max-queue", "4096", "--performance-hint", args.hint, ports=True) as ours,
+            pytriton(args.pytriton, build) as triton,
+        ):
+            targets = [("serve", t, ours[t]) for t in ("http", "grpc")]
+            targets += [("triton", t, triton[t]) for t in ("http", "grpc")] if triton else []
+            for _ in range(args.rounds):
+                for k in levels:
+                    for who, transport, port in targets:
+                        if args.perf_analyzer:
+                            r = perf_analyzer(args.perf_analyzer, transport, port, name, k, args.seconds)
+                        else:
+                            r = clients(transport, port, name, x, k, args.seconds)
+                        cells.setdefault((who, transport, k), []).append(r)
+        print(f"{'':22} {'samples/s':>9} {'p50':>7} {'p99':>7} {'errors':>6} {'of limit':>8} {'p50-sync':>8}")
+        rates: dict[tuple[str, str, int], float] = {}
+        for k in levels:
+            for who, transport, _ in targets:
+                rs = cells[who, transport, k]
+                rate = _median(r["samples_s"] for r in rs)
+                rates[who, transport, k] = rate
+                if "lat" in rs[0]:
+                    pct = percentiles([v for r in rs for v in r["lat"]] or [0.0])
+                else:
+                    pct = {"p50": _median(r["p50"] for r in rs), "p99": _median(r["p99"] for r in rs)}
+                print(
+                    f"{who:6} {transport:4} c{k:<10} {rate:9.1f} {pct['p50'] / 1e3:7.2f} {pct['p99'] / 1e3:7.2f} "
+                    f"{sum(r['errors'] for r in rs):6d} {rate / limit:8.0%} "
+                    f"{(pct['p50'] - sync['p50']) / 1e3:+8.2f}"
+                )
+
+        if triton:
+            print(
+                "serve / triton throughput: "
+                + ", ".join(
+                    f"{t} c{k} {rates['serve', t, k] / rates['triton', t, k]:.2f}x"
+                    for k in levels
+                    for t in ("http", "grpc")
+                )
+            )
+
+
+def _median(values) -> float:
+    vs = [v for v in values if v == v]  # NaN: a cell perf_analyzer could not measure
+    return statistics.median(vs) if vs else float("nan")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Readiness tells the truth: it drops when no backend works and comes back when one recovers; with
+``--policy`` a CPU host falls back from one CPU backend to another and is ready again on it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from veo_edge.serve.protocol import encode_infer_request
+
+INFER = "/v2/models/vit-nano/infer"
+
+
+def _infer(server):
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    body, hlen = encode_infer_request({"input": x})
+    return server.request("POST", INFER, body, {"Inference-Header-Content-Length": str(hlen)})
+
+
+def _wait_ready(server, want: int, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        status, body = server.get_json("/v2/health/ready")
+        if status == want or time.monotonic() > deadline:
+            assert status == want, body
+            return body
+        time.sleep(0.1)
+
+
+def test_readiness_drops_on_a_failing_backend_and_comes_back(serve, nano_build):
+    # call 1 (the start-up canary) works, calls 2..6 fail, then the backend heals
+    faults = {"openvino": {"oom_after": 1, "recover_after": 6}}
+    server = serve(nano_build, "--policy", "openvino", env={"VEO_EDGE_FAULTS": json.dumps(faults)})
+    status, _, body = _infer(server)
+    assert status == 500 and "injected fault" in json.loads(body)["error"]
+    status, ready = server.get_json("/v2/health/ready")
+    assert status == 503 and ready["ready"] is False
+    assert "a request failed on the backend" in ready["reason"] or "canary failed" in ready["reason"]
+    assert server.request("GET", "/v2/models/vit-nano/ready")[0] == 503
+    assert server.request("GET", "/v2/health/live")[0] == 200  # alive, just not ready
+    ready = _wait_ready(server, 200)  # the re-checks reach the healed calls
+    assert ready["canary"]["ok"] is True
+    assert _infer(server)[0] == 200
+
+
+def test_no_working_backend_is_not_ready(serve, nano_build):
+    faults = {"*": {"oom_after": 0}}
+    server = serve(
+        nano_build,
+        "--policy",
+        "openvino,onnxruntime",
+        env={"VEO_EDGE_FAULTS": json.dumps(faults)},
+        wait_ready=False,
+    )
+    status, ready = server.get_json("/v2/health/ready")
+    assert status == 503 and ready["ready"] is False
+    assert "no backend is active" in ready["reason"] or "canary failed" in ready["reason"]
+    status, _, body = _infer(server)
+    assert status in (500, 503), body
+
+
+def test_policy_falls_back_between_cpu_backends(serve, nano_build):
+    faults = {"openvino": {"oom_after": 1}}
+    server = serve(
+        nano_build, "--policy", "openvino,onnxruntime", env={"VEO_EDGE_FAULTS": json.dumps(faults)}
+    )
+    assert server.get_json("/v2/health/ready")[1]["active_backend"] == "openvino"
+    assert _infer(server)[0] == 200  # the batch failed on openvino and was re-run on onnxruntime
+    ready = _wait_ready(server, 200)
+    deadline = time.monotonic() + 60
+    while ready["canary"] is None or ready["active_backend"] != "onnxruntime":
+        assert time.monotonic() < deadline, ready
+        time.sleep(0.1)
+        ready = _wait_ready(server, 200)
+    assert ready["fallback"]["switches"][0]["from"] == "openvino"
+
+
+def test_bad_policy_is_a_usage_error(nano_build):
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "veo_edge.cli.main", "serve", str(nano_build), "--policy", "openvino,bogus"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "unknown backend 'bogus'" in r.stderr

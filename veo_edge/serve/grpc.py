@@ -1,0 +1,296 @@
+"""KServe v2 gRPC: the Open Inference Protocol's ``inference.GRPCInferenceService`` on a grpcio asyncio server.
+
+The service stubs are the ones ``tritonclient[grpc]`` ships (``service_pb2`` / ``service_pb2_grpc``), so
+``tritonclient.grpc`` and ``perf_analyzer -i grpc`` work unchanged. This module only translates: every
+RPC calls the transport-independent methods of the inference service (readiness, metadata, config,
+statistics, infer) that the HTTP front end calls too; the classification extension (``classification`` on
+a requested output) answers BYTES ``"value:index[:label]"`` as over HTTP. A :class:`~veo_edge.serve.protocol.ProtocolError`
+becomes the gRPC status of its HTTP status (404 -> NOT_FOUND, 400 -> INVALID_ARGUMENT, 503 ->
+UNAVAILABLE, ...) with its message as the details.
+
+Implemented: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelConfig,
+ModelStatistics and ModelInfer (``raw_input_contents`` / ``raw_output_contents``, or the typed
+``contents`` fields). The shared-memory, repository, trace, log and streaming RPCs answer UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+from veo_edge.errors import UsageError
+from veo_edge.serve.protocol import (
+    DATATYPES,
+    InferRequest,
+    ModelSpec,
+    ProtocolError,
+    RequestedOutput,
+    check_requested_outputs,
+    classify,
+    datatype_of,
+)
+from veo_edge.serve.protocol import _bytes_tensor as bytes_tensor  # Triton's BYTES serialization
+
+log = logging.getLogger("veo_edge.serve.grpc")
+
+#: HTTP status of a ProtocolError -> gRPC status code (as Triton maps them)
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    405: grpc.StatusCode.UNIMPLEMENTED,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    409: grpc.StatusCode.ALREADY_EXISTS,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    500: grpc.StatusCode.INTERNAL,
+    501: grpc.StatusCode.UNIMPLEMENTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+#: the typed ``InferTensorContents`` field that carries each datatype (FP16 travels only raw)
+CONTENTS_FIELDS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
+def _param(p: Any) -> Any:
+    """The Python value of one ``InferParameter``."""
+    kind = p.WhichOneof("parameter_choice")
+    return getattr(p, kind) if kind else None
+
+
+def _version(v: str) -> str | None:
+    return v or None
+
+
+def _fits(spec_shape: tuple[int, ...], shape: list[int]) -> bool:
+    return len(shape) == len(spec_shape) and all(
+        w < 0 or w == g for w, g in zip(spec_shape, shape, strict=True)
+    )
+
+
+def parse_infer_request(msg: Any, model: ModelSpec) -> InferRequest:
+    """A checked :class:`InferRequest` from a ``ModelInferRequest``; :class:`ProtocolError` (400) otherwise."""
+    specs = {s.name: s for s in model.inputs}
+    raw = msg.raw_input_contents
+    if raw and len(raw) != len(msg.inputs):
+        raise ProtocolError(
+            f"the request has {len(msg.inputs)} inputs but {len(raw)} raw_input_contents; send raw contents "
+            "for every input or for none"
+        )
+    arrays: dict[str, np.ndarray] = {}
+    for i, tensor in enumerate(msg.inputs):
+        spec = specs.get(tensor.name)
+        if spec is None:
+            raise ProtocolError(
+                f"unknown input {tensor.name!r}; model {model.name!r} has inputs: "
+                f"{'; '.join(s.describe() for s in model.inputs)}"
+            )
+        if tensor.name in arrays:
+            raise ProtocolError(f"input {tensor.name!r} is given twice")
+        if tensor.datatype != spec.datatype:
+            raise ProtocolError(
+                f"input {tensor.name!r} has datatype {tensor.datatype!r}, expected {spec.datatype}"
+            )
+        shape = list(tensor.shape)
+        if not _fits(spec.shape, shape) or any(d < 0 for d in shape):
+            raise ProtocolError(
+                f"input {tensor.name!r} has shape {shape}, expected {spec.describe()} (N is the batch axis, "
+                f"1..{model.max_batch})"
+            )
+        if not 1 <= shape[0] <= model.max_batch:
+            raise ProtocolError(
+                f"input {tensor.name!r} has batch {shape[0]}, expected 1..{model.max_batch} (the model's max "
+                "batch size); split the request"
+            )
+        dtype = DATATYPES[spec.datatype]
+        count = math.prod(shape)
+        if raw:
+            data = raw[i]
+            if len(data) != count * dtype.itemsize:
+                raise ProtocolError(
+                    f"input {tensor.name!r} has {len(data)} bytes of raw contents, its shape {shape} of "
+                    f"{spec.datatype} needs {count * dtype.itemsize}"
+                )
+            arrays[tensor.name] = np.frombuffer(data, dtype=dtype).reshape(shape)
+            continue
+        field = CONTENTS_FIELDS.get(spec.datatype)
+        values = getattr(tensor.contents, field) if field else ()
+        if len(values) != count:
+            where = f"contents.{field}" if field else "raw_input_contents (FP16 has no typed contents)"
+            raise ProtocolError(
+                f"input {tensor.name!r} has {len(values)} values in {where}, its shape {shape} needs {count}"
+            )
+        try:
+            with np.errstate(over="raise"):
+                arrays[tensor.name] = np.asarray(values).astype(dtype, casting="unsafe").reshape(shape)
+        except (OverflowError, FloatingPointError) as e:
+            raise ProtocolError(f"input {tensor.name!r} contents do not fit {spec.datatype}: {e}") from e
+    missing = [s.name for s in model.inputs if s.name not in arrays]
+    if missing:
+        raise ProtocolError(
+            f"missing input(s) {missing}; model {model.name!r} needs: "
+            f"{'; '.join(s.describe() for s in model.inputs)}"
+        )
+    batches = {a.shape[0] for a in arrays.values()}
+    if len(batches) != 1:
+        raise ProtocolError(f"inputs disagree on the batch size: {sorted(batches)}")
+    requested: list[RequestedOutput] = []
+    for out in msg.outputs:
+        params = {k: _param(v) for k, v in out.parameters.items()}
+        # the classification extension: tritonclient sends "classification" (class_count in its API)
+        count = params.get("classification", params.get("class_count", 0))
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise ProtocolError(
+                f"output {out.name!r} classification must be an integer parameter, got {count!r}"
+            )
+        requested.append(RequestedOutput(out.name, True, count))
+    check_requested_outputs(model, requested)  # known, once each, a usable class count
+    if not requested:
+        requested = [RequestedOutput(s.name, True) for s in model.outputs]
+    params = {k: _param(v) for k, v in msg.parameters.items()}
+    return InferRequest(arrays, requested, batches.pop(), msg.id or None, params)
+
+
+def encode_infer_response(
+    model: ModelSpec,
+    request: InferRequest,
+    outputs: dict[str, np.ndarray],
+    labels: list[str] | None = None,
+) -> Any:
+    """A ``ModelInferResponse`` with the requested outputs in ``raw_output_contents`` (little-endian;
+    a classification output as BYTES ``"value:index[:label]"``, serialized as Triton does)."""
+    resp = service_pb2.ModelInferResponse(
+        model_name=model.name, model_version=model.version, id=request.id or ""
+    )
+    for want in request.outputs:
+        arr = outputs[want.name]
+        if want.class_count:
+            top = classify(arr, want.class_count, labels)
+            resp.outputs.add(name=want.name, datatype="BYTES", shape=list(top.shape))
+            resp.raw_output_contents.append(bytes_tensor(top))
+            continue
+        resp.outputs.add(name=want.name, datatype=datatype_of(arr.dtype), shape=list(arr.shape))
+        resp.raw_output_contents.append(
+            np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+        )
+    return resp
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """``inference.GRPCInferenceService`` over an inference service (one model or several)."""
+
+    def __init__(self, service: Any) -> None:
+        self.service = service
+
+    async def _call(self, context: Any, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except ProtocolError as e:
+            await context.abort(STATUS_CODES.get(e.status, grpc.StatusCode.UNKNOWN), str(e))
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return service_pb2.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return service_pb2.ServerReadyResponse(ready=bool(self.service.readiness()["ready"]))
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        ready = await self._call(
+            context, self.service.model_readiness, request.name, _version(request.version)
+        )
+        return service_pb2.ModelReadyResponse(ready=bool(ready["ready"]))
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        meta = self.service.server_metadata()
+        return service_pb2.ServerMetadataResponse(
+            name=meta["name"], version=meta["version"], extensions=meta["extensions"]
+        )
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        meta = await self._call(context, self.service.model_metadata, request.name, _version(request.version))
+        return json_format.ParseDict(meta, service_pb2.ModelMetadataResponse(), ignore_unknown_fields=True)
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        config = await self._call(context, self.service.model_config, request.name, _version(request.version))
+        return service_pb2.ModelConfigResponse(
+            config=json_format.ParseDict(config, model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
+        )
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        stats = await self._call(
+            context, self.service.statistics, request.name or None, _version(request.version)
+        )
+        return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=True)
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        version = _version(request.model_version)
+        arrival = self.service.expect(request.model_name)  # a batch forming now may wait for it
+        try:
+            model = self.service.model_spec(request.model_name, version)
+            try:
+                parsed = parse_infer_request(request, model)
+            except ProtocolError:
+                self.service.counters.infer_rejected["INVALID"] += 1
+                raise
+            outputs = await self.service.infer(request.model_name, version, parsed, arrival)
+        except ProtocolError as e:
+            await context.abort(STATUS_CODES.get(e.status, grpc.StatusCode.UNKNOWN), str(e))
+        finally:
+            if arrival is not None:
+                arrival.done()
+        return encode_infer_response(model, parsed, outputs, self.service.model_labels(request.model_name))
+
+
+class GrpcServer:
+    """The gRPC front end's lifetime: bind, start, stop (finishing RPCs in flight within a grace)."""
+
+    def __init__(self, service: Any, max_message_bytes: int = 64 << 20) -> None:
+        self.service = service
+        self.max_message_bytes = max_message_bytes
+        self._server: Any = None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0: a free port); returns the bound port."""
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", self.max_message_bytes),
+                ("grpc.max_send_message_length", self.max_message_bytes),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.service), server)
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            bound = server.add_insecure_port(address)
+        except RuntimeError as e:
+            bound, reason = 0, str(e)
+        else:
+            reason = "the port is taken or the address is not this machine's"
+        if not bound:
+            raise UsageError(f"cannot listen for gRPC on {address} ({reason}); choose another --grpc-port")
+        await server.start()
+        self._server = server
+        return bound
+
+    async def stop(self, grace_s: float) -> None:
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None
