@@ -120,3 +120,22 @@ def test_onnx_source_missing_and_corrupt(tmp_path):
     bad.write_bytes(b"\x00\x01garbage")
     with pytest.raises(ModelLoadError, match="is unreadable or corrupt"):
         OnnxSource(bad).load()
+
+
+def test_onnx_source_finds_its_external_data_and_names_a_missing_file(nano_build, tmp_path):
+    import onnx
+
+    src = tmp_path / "vit.onnx"
+    model = onnx.load(str(nano_build / "model.onnx"))
+    onnx.save_model(model, str(src), save_as_external_data=True, location="vit.onnx.data")
+    loaded = OnnxSource(src).load()
+    assert loaded.onnx_external_data == ((tmp_path / "vit.onnx.data").resolve(),)
+    assert loaded.input_shape == (3, 32, 32)
+    assert OnnxSource(nano_build / "model.onnx").load().onnx_external_data == ()
+    (tmp_path / "vit.onnx.data").rename(tmp_path / "elsewhere.data")
+    with pytest.raises(
+        ModelLoadError,
+        match=r"keeps tensor '.+' in the external data file 'vit.onnx.data', which is missing \(.+ does not "
+        r"exist\); copy it beside vit.onnx under that name",
+    ):
+        OnnxSource(src).load()

@@ -6,7 +6,14 @@ import onnx
 import pytest
 
 from veo_edge.builddir import BuildDir, sha256_file
-from veo_edge.errors import BuildDirError, InputError, OutputExistsError, ParityError, UsageError
+from veo_edge.errors import (
+    BuildDirError,
+    InputError,
+    ModelLoadError,
+    OutputExistsError,
+    ParityError,
+    UsageError,
+)
 from veo_edge.export.source import BuiltinSource, ModuleSource, OnnxSource
 from veo_edge.pipeline.build import BuildOptions, run_build
 
@@ -168,6 +175,31 @@ def test_build_from_an_existing_onnx(nano_build, tmp_path):
     expected = np.load(tmp_path / "ext" / "canary" / "expected.npy")
     # same network, same canary seed: the golden output agrees with the torch-made one
     np.testing.assert_allclose(expected, np.load(nano_build / "canary" / "expected.npy"), atol=1e-4)
+
+
+def test_build_from_an_onnx_with_external_data_writes_one_model_onnx(nano_build, tmp_path):
+    src = tmp_path / "src" / "vit.onnx"
+    src.parent.mkdir()
+    onnx.save_model(
+        onnx.load(str(nano_build / "model.onnx")),
+        str(src),
+        save_as_external_data=True,
+        location="vit.onnx.data",
+    )
+    assert (src.parent / "vit.onnx.data").stat().st_size > src.stat().st_size  # the weights moved out
+    result = run_build(BuildOptions(source=OnnxSource(src), out=tmp_path / "ext", quiet=True))
+    built = tmp_path / "ext" / "model.onnx"
+    model = onnx.load(str(built), load_external_data=False)
+    assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    assert not list((tmp_path / "ext").rglob("*.data"))
+    assert result.manifest["artifacts"]["onnx"]["path"] == "model.onnx"
+    expected = np.load(tmp_path / "ext" / "canary" / "expected.npy")
+    np.testing.assert_allclose(expected, np.load(nano_build / "canary" / "expected.npy"), atol=1e-4)
+
+    (src.parent / "vit.onnx.data").unlink()
+    with pytest.raises(ModelLoadError, match=r"in the external data file 'vit.onnx.data', which is missing"):
+        run_build(BuildOptions(source=OnnxSource(src), out=tmp_path / "gone", quiet=True))
+    assert not (tmp_path / "gone").exists()
 
 
 def test_open_rejects_non_builds_and_corrupt_artifacts(nano_build, copy_build, tmp_path):

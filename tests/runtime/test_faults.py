@@ -10,14 +10,28 @@ import pytest
 from veo_edge.builddir import BuildDir
 from veo_edge.errors import BackendError, BackendUnavailableError, CudaOutOfMemoryError, UsageError
 from veo_edge.runtime.faults import (
+    FaultPlan,
+    FaultSchedule,
     FaultSpec,
     FaultyRunner,
     InjectedBackendError,
+    InjectedDeviceLostError,
     InjectedOutOfMemoryError,
     parse_faults,
 )
 from veo_edge.runtime.loaders import cpu_runner
 from veo_edge.runtime.policy import BACKENDS
+from veo_edge.runtime.runtime import Runtime
+
+
+class Clock:
+    """A fault clock the test moves by hand (the schedule reads it; nothing sleeps)."""
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
 
 
 def test_specs_parse_from_dict_json_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,6 +61,13 @@ def test_specs_parse_from_dict_json_and_env(monkeypatch: pytest.MonkeyPatch) -> 
         ({"openvino": {"leak_bytes_per_call": -1}}, r"leak_bytes_per_call=-1 .* expected an integer >= 0"),
         ({"openvino": {"leak_bytes_per_call": 1.5}}, r"leak_bytes_per_call=1.5 .* expected an integer >= 0"),
         ("{nope", r"faults is not valid JSON"),
+        (
+            {"openvino": {"every_s": 0}},
+            r"every_s=0 for 'openvino' is invalid; expected a number of seconds > 0",
+        ),
+        ({"openvino": {"after_s": -1}}, r"after_s=-1 .* seconds >= 0"),
+        ({"openvino": {"once_at_s": "10m"}}, r"once_at_s='10m' .* expected a number of seconds >= 0"),
+        ({"openvino": [{"every_s": 5}, {"evry_s": 1}]}, r"unknown fault option\(s\) \['evry_s'\]"),
     ],
 )
 def test_bad_specs_say_what_to_write(faults: object, match: str) -> None:
@@ -101,3 +122,94 @@ def test_planted_leak_keeps_n_bytes_per_call_and_still_answers(nano_build: Path)
             np.testing.assert_array_equal(runner.infer(x)["logits"], want)
     assert [a.nbytes for a in runner.leaked] == [4096] * 3 and runner.injected == 0
     assert all(int(a.min()) == int(a.max()) == 0x5A for a in runner.leaked)  # written: resident
+
+
+def test_time_keys_parse_alone_or_as_a_list() -> None:
+    assert parse_faults({"*": {"every_s": 600}}, BACKENDS) == {"*": FaultSpec(every_s=600)}
+    both = [{"every_s": 600}, {"once_at_s": 1800, "error": "device_lost"}]
+    assert parse_faults({"onnxruntime": both}, BACKENDS) == {
+        "onnxruntime": (FaultSpec(every_s=600), FaultSpec(once_at_s=1800, error="device_lost"))
+    }
+    assert parse_faults({"onnxruntime": [{}]}, BACKENDS) == {}
+
+
+def test_time_rules_on_a_real_runner(nano_build: Path) -> None:
+    build = BuildDir.open(nano_build)
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    with cpu_runner(build, "onnxruntime") as real:
+        want = real.infer(x)["logits"]
+    clock = Clock()
+    specs = (FaultSpec(every_s=10), FaultSpec(once_at_s=25, error="device_lost"), FaultSpec(after_s=50))
+    runner = FaultyRunner(
+        cpu_runner(build, "onnxruntime"), specs, label="onnxruntime", schedule=FaultSchedule(specs, clock)
+    )
+
+    def outcome(t: float) -> str:
+        clock.t = t
+        try:
+            np.testing.assert_array_equal(runner.infer(x)["logits"], want)
+        except InjectedOutOfMemoryError:
+            return "oom"
+        except InjectedDeviceLostError:
+            return "lost"
+        return "ok"
+
+    with runner:
+        got = [outcome(t) for t in (1, 9.9, 10, 10.5, 19, 20, 25, 25.1, 31, 35, 44, 50, 51)]
+    # one OOM per 10 s period (its first call), the device lost once at 25 s, every call from 50 s (at
+    # 50 s the period's OOM comes first, the persistent rule fails the next call)
+    assert got == ["ok", "ok", "oom", "ok", "ok", "oom", "lost", "ok", "oom", "ok", "oom", "oom", "oom"]
+    assert runner.schedule.injected() == {
+        "oom every_s=10": 5,
+        "device_lost once_at_s=25": 1,
+        "oom after_s=50": 1,
+    }
+    assert runner.injected == 7 and runner.calls == 13
+    clock.t = 52
+    with runner, pytest.raises(InjectedOutOfMemoryError, match=r"call 14 \(after_s=50 at 52.0 s\)"):
+        runner.infer(x)
+
+
+def test_a_period_without_calls_fires_once_and_moments_before_the_start_have_passed() -> None:
+    clock = Clock(95.0)  # e.g. a soak resumed at 95 s
+    schedule = FaultSchedule((FaultSpec(every_s=10), FaultSpec(once_at_s=30, error="backend")), clock)
+    clock.t = 99
+    assert schedule.check(1) is None  # the 90 s period began before the start
+    clock.t = 135  # 100..130 passed without a call: one fault, not four
+    assert schedule.check(2) == (FaultSpec(every_s=10), "every_s=10 at 135.0 s")
+    assert schedule.check(3) is None
+    assert schedule.injected() == {"oom every_s=10": 1}  # once_at_s=30 lay before the start
+
+
+def test_a_runtime_keeps_the_schedule_across_fallback_and_recovery(nano_build: Path) -> None:
+    clock = Clock()
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    faults = {"onnxruntime": [{"every_s": 10}, {"once_at_s": 15, "error": "device_lost"}]}
+    with Runtime(
+        nano_build, policy=["onnxruntime", "openvino"], faults=faults, recover_interval_s=0, fault_clock=clock
+    ) as rt:
+        active = []
+        for t in (1, 10, 11, 15, 16, 20, 21):
+            clock.t = t
+            assert rt.infer(x).shape[0] == 1  # a fault falls back to openvino and the batch is re-run
+            active.append(rt.active_backend)
+        # each call first tries to recover (interval 0): onnxruntime is back, with its schedule
+        ort, ov = "onnxruntime", "openvino"
+        assert active == [ort, ov, ort, ov, ort, ov, ort]
+        assert rt.injected_faults() == {
+            "onnxruntime: oom every_s=10": 2,
+            "onnxruntime: device_lost once_at_s=15": 1,
+        }
+        assert rt.stats()["fallback_switches"] == 3
+
+
+def test_a_star_schedule_injects_one_fault_per_period_whatever_the_backend(nano_build: Path) -> None:
+    plan = FaultPlan(parse_faults({"*": {"every_s": 10}}, BACKENDS), clock=Clock(10.0))
+    build = BuildDir.open(nano_build)
+    ort = plan.wrap(cpu_runner(build, "onnxruntime"), "onnxruntime")
+    ov = plan.wrap(cpu_runner(build, "openvino"), "openvino")
+    assert isinstance(ort, FaultyRunner) and ort.schedule is ov.schedule
+    assert ort.schedule.check(1) is None  # 10 s: the clock's start, a period that has begun
+    plan.schedules["*"].clock.t = 20  # type: ignore[attr-defined]
+    assert ort.schedule.check(2) is not None and ov.schedule.check(1) is None
+    assert plan.injected() == {"*: oom every_s=10": 1}

@@ -91,6 +91,8 @@ def test_cli_errors_are_one_line_with_distinct_codes(capsys, tmp_path: Path, nan
         capsys, "soak", str(nano_build), "--duration", "5s", "--chaos", '{"onnxruntime": {"every": 2}}'
     )
     assert code == 2 and "unknown fault option(s) ['every']" in out
+    code, out = _cli(capsys, "soak", str(nano_build), "--duration", "5s", "--chaos", "oom evry 10m")
+    assert code == 2 and "--chaos item 'oom evry 10m' is not of the form" in out
     code, out = _cli(capsys, "soak", "--resume", str(tmp_path / "bad"), "--duration", "5s")
     assert code == 2 and "--resume continues a run with its own settings; drop --duration" in out
     code, out = _cli(capsys, "soak", str(tmp_path), "--duration", "5s", "--out", str(tmp_path / "r"))

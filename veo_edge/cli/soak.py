@@ -3,7 +3,6 @@ verdict; ``veo-edge soak report RUN_DIR`` analyses a run (again, with other thre
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -96,7 +95,8 @@ def run(
     chaos: str = typer.Option(
         None,
         "--chaos",
-        help='Faults for the runtime (VEO_EDGE_FAULTS JSON), e.g. \'{"onnxruntime": {"every_nth": 500}}\'.',
+        help="Faults for the runtime: a schedule such as 'oom every 10m, device_lost once at 30m', "
+        'or VEO_EDGE_FAULTS JSON, e.g. \'{"onnxruntime": {"every_nth": 500}}\'.',
     ),
     recover_interval: str = typer.Option(
         None, "--recover-interval", help="Retry earlier backends this often."
@@ -139,16 +139,9 @@ def run(
         raise UsageError("--duration is required, e.g. --duration 72h (or --resume RUN_DIR)")
     faults = None
     if chaos is not None:
-        try:
-            faults = json.loads(chaos)
-        except ValueError as e:
-            raise UsageError(
-                f'--chaos is not JSON ({e}); expected e.g. {{"onnxruntime": {{"every_nth": 500}}}}'
-            ) from e
-        from veo_edge.runtime.faults import parse_faults
-        from veo_edge.runtime.policy import BACKENDS
+        from veo_edge.soak.chaos import parse_chaos
 
-        parse_faults(faults, BACKENDS)  # same checks and messages as VEO_EDGE_FAULTS, before the run
+        faults = parse_chaos(chaos)  # a schedule in human units or VEO_EDGE_FAULTS JSON, checked now
     config = SoakConfig(
         duration_s=parse_duration(duration, "--duration"),
         build_dir=str(build_dir.resolve()) if build_dir is not None else None,

@@ -4,6 +4,7 @@ existing ONNX file. Each source is cheap to construct and loads on :meth:`load`.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,8 @@ class LoadedModel:
     onnx_path: Path | None = None
     config: dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    #: external data files the ONNX file's tensors live in (torch's dynamo exporter writes model.onnx.data)
+    onnx_external_data: tuple[Path, ...] = ()
 
 
 def parse_input_shape(text: str | None) -> tuple[int, ...] | None:
@@ -227,10 +230,78 @@ class OnnxSource:
                 f"ONNX file {path}: input {model.graph.input[0].name!r} needs static non-batch dims, "
                 f"got {[d.dim_param or d.dim_value for d in dims]}"
             )
+        external = _external_data_files(model, path)
+        total = path.stat().st_size + sum(f.stat().st_size for f in external)
+        if total >= PROTOBUF_LIMIT:
+            raise ModelLoadError(
+                f"ONNX file {path} and its external data hold {total / 1e9:.2f} GB, over protobuf's 2 GiB "
+                "limit for one ONNX file; a build keeps model.onnx in one file, so models this large are not "
+                "supported yet (quantise or split the model)"
+            )
         return LoadedModel(
             name=path.stem,
             input_shape=shape,
             onnx_path=path,
             source=f"onnx:{path}",
             config={"family": "onnx", "file": path.name},
+            onnx_external_data=external,
         )
+
+
+#: protobuf's limit on one serialised message: an ONNX file with its weights inside must stay below it
+PROTOBUF_LIMIT = 2**31
+
+
+def _graph_tensors(graph: Any) -> Iterator[Any]:
+    """Every TensorProto of ``graph``: initializers and attribute tensors, in subgraphs too."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _graph_tensors(attr.g)
+            for g in attr.graphs:
+                yield from _graph_tensors(g)
+
+
+def _external_data_files(model: Any, path: Path) -> tuple[Path, ...]:
+    """The external data files ``model`` (loaded from ``path`` without them) names, each checked to exist
+    beside it; :class:`ModelLoadError` naming the first that does not."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    base = path.parent.resolve()
+    files: list[Path] = []
+    for tensor in _graph_tensors(model.graph):
+        if not uses_external_data(tensor):
+            continue
+        location = ExternalDataInfo(tensor).location
+        target = (base / location).resolve()
+        if not target.is_relative_to(base):
+            raise ModelLoadError(
+                f"ONNX file {path}: tensor {tensor.name!r} keeps its data in {location!r}, outside the "
+                f"file's directory {base}; external data must lie beside the .onnx"
+            )
+        if not target.is_file():
+            raise ModelLoadError(
+                f"ONNX file {path} keeps tensor {tensor.name!r} in the external data file {location!r}, which "
+                f"is missing ({target} does not exist); copy it beside {path.name} under that name"
+            )
+        if target not in files:
+            files.append(target)
+    return tuple(files)
+
+
+def inline_external_data(src: Path, dst: Path) -> None:
+    """Write ``src`` with its external data (files beside it) read in, as one ONNX file ``dst``."""
+    import onnx
+
+    try:
+        model = onnx.load(str(src), load_external_data=True)
+    except Exception as e:  # a truncated or mismatched .data file: onnx raises several kinds
+        raise ModelLoadError(
+            f"cannot read the external data of ONNX file {src}: {type(e).__name__}: {e}; is the .data file "
+            "the one exported with it?"
+        ) from e
+    onnx.save_model(model, str(dst))

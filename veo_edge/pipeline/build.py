@@ -24,7 +24,7 @@ from veo_edge.export.canary import MIN_COSINE, Canary, compare_canary
 from veo_edge.export.onnx_export import Exporter, OnnxExport, check_onnx
 from veo_edge.export.openvino_ir import OpenVinoConvert
 from veo_edge.export.parity import ParityStats, TorchReference, check_all, seeded_inputs
-from veo_edge.export.source import BuiltinSource, LoadedModel, ModuleSource, OnnxSource
+from veo_edge.export.source import BuiltinSource, LoadedModel, ModuleSource, OnnxSource, inline_external_data
 from veo_edge.pipeline.progress import StageReporter
 from veo_edge.runtime.backends.openvino import SERVED_PRECISIONS
 from veo_edge.staging import BuildOutput
@@ -114,7 +114,7 @@ def estimate_bytes(loaded: LoadedModel, opts: BuildOptions) -> int:
     if loaded.module is not None:
         weights = sum(p.numel() * p.element_size() for p in loaded.module.state_dict().values())
     else:
-        weights = Path(loaded.onnx_path).stat().st_size
+        weights = sum(p.stat().st_size for p in (Path(loaded.onnx_path), *loaded.onnx_external_data))
     copies = 1 + (1 if opts.plugins else 0) + (0.5 if opts.fp16 else 1)
     canary = 2 * 4 * math.prod(loaded.input_shape)  # the canary input and (at most as large) its output
     return int(weights * copies * 1.1) + canary + (256 << 10)  # + the XML, reports and manifest
@@ -132,7 +132,10 @@ def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: Stage
             )
     else:
         with rep.stage("export", "Checking the ONNX model"):
-            shutil.copyfile(loaded.onnx_path, onnx_path)
+            if loaded.onnx_external_data:  # one self-contained model.onnx (README: build from an ONNX)
+                inline_external_data(loaded.onnx_path, onnx_path)
+            else:
+                shutil.copyfile(loaded.onnx_path, onnx_path)
             check_onnx(onnx_path)
 
     xml_path = stage / "openvino" / "model.xml"

@@ -1,4 +1,4 @@
-"""Fault injection: make a real runner fail at start, fail after N calls or every Nth call, or slow down.
+"""Fault injection: make a real runner fail at start, fail by call count or on a time schedule, or slow down.
 
 Faults are configuration, not mocks: :class:`FaultyRunner` wraps the real OpenVINO / ONNX Runtime /
 TensorRT runner and lets it compute every answer it does give, so the runtime's fallback paths run end
@@ -18,6 +18,13 @@ Spec keys (all optional):
     calls N+1..M fail, calls after M run again (a fault that heals: a GPU reset, a freed device).
 ``every_nth`` (int N)
     calls N, 2N, 3N ... fail (a transient fault).
+``every_s`` (float X)
+    one call fails in each X seconds: the first call at or after X, 2X, 3X ... s (a transient fault; a
+    period without calls is skipped, not made up for by a burst).
+``after_s`` (float X)
+    every call from X seconds on fails (a persistent fault).
+``once_at_s`` (float X)
+    the first call at or after X seconds fails, once (e.g. the GPU lost once).
 ``slow_ms`` (float)
     every call sleeps this long before running.
 ``leak_bytes_per_call`` (int N)
@@ -28,16 +35,29 @@ Spec keys (all optional):
     :class:`~veo_edge.errors.CudaOutOfMemoryError`, the class the TensorRT path raises for a real CUDA
     OOM), :class:`InjectedDeviceLostError` or a plain :class:`InjectedBackendError`.
 
+A backend may also take a list of specs, each with its own ``error``::
+
+    {"onnxruntime": [{"every_s": 600, "error": "oom"}, {"once_at_s": 1800, "error": "device_lost"}]}
+
+Times are seconds on the fault clock: by default the monotonic time since the runtime was created
+(``Runtime(fault_clock=...)`` gives another, e.g. a soak's run time, so a resumed run keeps its
+schedule). The time rules of one entry (a backend name or ``"*"``) keep their state across the runners
+the runtime makes for it: a backend that recovers after a fault does not start its schedule over, and a
+``"*"`` schedule injects one fault per period into whichever backend is active, not one per backend.
+Moments before the clock's reading when the runtime was created have passed: they never fire.
+Call counts are per runner (a recovered backend counts from 1 again).
+
 Injected faults are raised before the wrapped runner runs, so a failed call leaves it untouched.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +75,7 @@ from veo_edge.runtime.backends.base import Runner, TensorMeta
 ENV_VAR = "VEO_EDGE_FAULTS"
 ALL = "*"
 _ERRORS = ("oom", "device_lost", "backend")
+_TIME_KEYS = ("every_s", "after_s", "once_at_s")
 
 
 class InjectedOutOfMemoryError(CudaOutOfMemoryError):
@@ -77,6 +98,9 @@ class FaultSpec:
     every_nth: int | None = None
     slow_ms: float = 0.0
     leak_bytes_per_call: int = 0
+    every_s: float | None = None
+    after_s: float | None = None
+    once_at_s: float | None = None
     error: str = "oom"
 
     @classmethod
@@ -115,6 +139,16 @@ class FaultSpec:
                 f"fault option recover_after={spec.recover_after} for {backend!r} needs oom_after below it, "
                 'e.g. {"oom_after": 5, "recover_after": 8}'
             )
+        for key in _TIME_KEYS:
+            v = getattr(spec, key)
+            if v is None:
+                continue
+            number = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            if not number or not (v > 0 if key == "every_s" else v >= 0):
+                raise UsageError(
+                    f"fault option {key}={v!r} for {backend!r} is invalid; expected a number of seconds "
+                    f"{'> 0' if key == 'every_s' else '>= 0'}"
+                )
         if not isinstance(spec.slow_ms, int | float) or spec.slow_ms < 0:
             raise UsageError(f"fault option slow_ms={spec.slow_ms!r} for {backend!r} must be a number >= 0")
         if spec.error not in _ERRORS:
@@ -131,19 +165,32 @@ class FaultSpec:
             or self.every_nth
             or self.slow_ms
             or self.leak_bytes_per_call
+            or any(getattr(self, k) is not None for k in _TIME_KEYS)
         )
 
     def fails_call(self, n: int) -> bool:
-        """Whether call number ``n`` (1-based) fails."""
+        """Whether call number ``n`` (1-based) fails by its count (the time rules: :class:`FaultSchedule`)."""
+        return self.call_rule(n) is not None
+
+    def call_rule(self, n: int) -> str | None:
+        """The call-count rule that fails call ``n``, as ``key=value``; ``None`` when none does."""
         healed = self.recover_after is not None and n > self.recover_after
         if self.oom_after is not None and n > self.oom_after and not healed:
-            return True
-        return bool(self.every_nth) and n % self.every_nth == 0
+            return f"oom_after={self.oom_after}"
+        if self.every_nth and n % self.every_nth == 0:
+            return f"every_nth={self.every_nth}"
+        return None
 
 
-def parse_faults(
-    faults: Mapping[str, Any] | str | None, known_backends: tuple[str, ...]
-) -> dict[str, FaultSpec]:
+#: a backend name (or ``"*"``) -> its spec, or its specs when the configuration gave a list
+Faults = dict[str, FaultSpec | tuple[FaultSpec, ...]]
+
+
+def _specs(value: FaultSpec | Sequence[FaultSpec]) -> tuple[FaultSpec, ...]:
+    return (value,) if isinstance(value, FaultSpec) else tuple(value)
+
+
+def parse_faults(faults: Mapping[str, Any] | str | None, known_backends: tuple[str, ...]) -> Faults:
     """Backend name -> :class:`FaultSpec` from a dict or JSON text; ``None`` reads ``$VEO_EDGE_FAULTS``."""
     source = "faults"
     if faults is None:
@@ -170,23 +217,120 @@ def parse_faults(
                 f"({', '.join(known_backends)}) or {ALL!r} for all, e.g. "
                 '{"onnxruntime": {"every_nth": 3}}'
             )
+        if isinstance(raw, list):
+            specs = tuple(s for s in (FaultSpec.from_dict(backend, r) for r in raw) if s.active)
+            if specs:
+                out[backend] = specs
+            continue
         spec = FaultSpec.from_dict(backend, raw)
         if spec.active:
             out[backend] = spec
     return out
 
 
-def spec_for(faults: Mapping[str, FaultSpec], backend: str) -> FaultSpec | None:
+def spec_for(faults: Mapping[str, Any], backend: str) -> FaultSpec | tuple[FaultSpec, ...] | None:
     return faults.get(backend) or faults.get(ALL)
+
+
+class FaultSchedule:
+    """The rules of one fault entry and the state they keep across runners: which time periods and
+    one-off moments have fired, and how many faults each rule injected."""
+
+    def __init__(
+        self, specs: FaultSpec | Sequence[FaultSpec], clock: Callable[[], float] | None = None
+    ) -> None:
+        self.specs = _specs(specs)
+        if clock is None:
+            origin = time.monotonic()
+
+            def clock() -> float:
+                return time.monotonic() - origin
+
+        self.clock = clock
+        self.start = clock()
+        # every_s: the last period that fired (the periods up to the start have passed)
+        self._period = [math.floor(self.start / s.every_s) if s.every_s else 0 for s in self.specs]
+        self._once_done = [s.once_at_s is not None and s.once_at_s < self.start for s in self.specs]
+        self.counts: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def timed(self) -> bool:
+        return any(getattr(s, k) is not None for s in self.specs for k in _TIME_KEYS)
+
+    def check(self, n: int) -> tuple[FaultSpec, str] | None:
+        """The spec and rule (with the moment, for a time rule) that fail call ``n`` of a runner now
+        (counted), or ``None``."""
+        with self._lock:
+            t = self.clock() if self.timed else None
+            for i, spec in enumerate(self.specs):
+                rule = spec.call_rule(n)
+                moment = ""
+                if rule is None and t is not None:
+                    rule = self._time_rule(i, spec, t)
+                    moment = f" at {t:.1f} s"
+                if rule is not None:
+                    key = (spec.error, rule)
+                    self.counts[key] = self.counts.get(key, 0) + 1
+                    return spec, rule + moment
+        return None
+
+    def _time_rule(self, i: int, spec: FaultSpec, t: float) -> str | None:
+        if spec.after_s is not None and t >= spec.after_s:
+            return f"after_s={spec.after_s:g}"
+        if spec.once_at_s is not None and not self._once_done[i] and t >= spec.once_at_s:
+            self._once_done[i] = True
+            return f"once_at_s={spec.once_at_s:g}"
+        if spec.every_s:
+            period = math.floor(t / spec.every_s)
+            if period > self._period[i]:
+                self._period[i] = period
+                return f"every_s={spec.every_s:g}"
+        return None
+
+    def injected(self) -> dict[str, int]:
+        """``"error rule"`` -> faults injected so far."""
+        with self._lock:
+            return {f"{error} {rule}": n for (error, rule), n in self.counts.items()}
+
+
+class FaultPlan:
+    """The faults of one runtime: wraps each runner it makes, keeps each entry's schedule across them."""
+
+    def __init__(self, faults: Mapping[str, Any], clock: Callable[[], float] | None = None) -> None:
+        self.schedules = {key: FaultSchedule(value, clock) for key, value in faults.items()}
+
+    def wrap(self, runner: Runner, backend: str) -> Runner:
+        key = backend if backend in self.schedules else ALL
+        schedule = self.schedules.get(key)
+        if schedule is None:
+            return runner
+        return FaultyRunner(runner, schedule.specs, label=backend, schedule=schedule)
+
+    def injected(self) -> dict[str, int]:
+        """``"entry: error rule"`` -> faults injected so far, e.g. ``{"onnxruntime: oom every_s=600": 3}``."""
+        return {
+            f"{key}: {label}": n
+            for key, schedule in self.schedules.items()
+            for label, n in schedule.injected().items()
+        }
 
 
 class FaultyRunner(Runner):
     """A real runner with faults injected in front of it (see the module docstring)."""
 
-    def __init__(self, inner: Runner, spec: FaultSpec, label: str | None = None) -> None:
+    def __init__(
+        self,
+        inner: Runner,
+        spec: FaultSpec | Sequence[FaultSpec],
+        label: str | None = None,
+        schedule: FaultSchedule | None = None,
+    ) -> None:
         super().__init__(inner.max_batch)
         self.inner = inner
         self.spec = spec
+        self.specs = _specs(spec)
+        self.schedule = schedule if schedule is not None else FaultSchedule(self.specs)
         self.name = inner.name
         self.label = label or inner.name
         self.calls = 0
@@ -195,7 +339,7 @@ class FaultyRunner(Runner):
         self._lock = threading.Lock()
 
     def _activate(self) -> None:
-        if self.spec.fail_at_start:
+        if any(s.fail_at_start for s in self.specs):
             raise BackendUnavailableError(
                 f"injected start-up failure of {self.label} (fault configuration fail_at_start); "
                 f"remove it from the faults or ${ENV_VAR} to use this backend"
@@ -213,25 +357,24 @@ class FaultyRunner(Runner):
 
     def infer(self, feed: dict[str, np.ndarray] | np.ndarray) -> dict[str, np.ndarray]:
         self._require_active()
+        leak = sum(s.leak_bytes_per_call for s in self.specs)
         with self._lock:
             self.calls += 1
             n = self.calls
-            if self.spec.leak_bytes_per_call:  # np.full writes every page: the leak is resident
-                self.leaked.append(np.full(self.spec.leak_bytes_per_call, 0x5A, dtype=np.uint8))
-        if self.spec.slow_ms:
-            time.sleep(self.spec.slow_ms / 1e3)
-        if self.spec.fails_call(n):
+            if leak:  # np.full writes every page: the leak is resident
+                self.leaked.append(np.full(leak, 0x5A, dtype=np.uint8))
+        slow_ms = sum(s.slow_ms for s in self.specs)
+        if slow_ms:
+            time.sleep(slow_ms / 1e3)
+        fired = self.schedule.check(n)
+        if fired is not None:
+            spec, rule = fired
             with self._lock:
                 self.injected += 1
-            rule = (
-                f"oom_after={self.spec.oom_after}"
-                if self.spec.oom_after is not None and n > self.spec.oom_after
-                else f"every_nth={self.spec.every_nth}"
-            )
             msg = f"{self.label}: injected fault on call {n} ({rule})"
-            if self.spec.error == "oom":
+            if spec.error == "oom":
                 raise InjectedOutOfMemoryError(f"CUDA out of memory: {msg}")
-            if self.spec.error == "device_lost":
+            if spec.error == "device_lost":
                 raise InjectedDeviceLostError(f"device lost: {msg}")
             raise InjectedBackendError(msg)
         return self.inner.infer(feed)
@@ -240,4 +383,5 @@ class FaultyRunner(Runner):
         return self.inner.infer(feed)
 
     def describe(self) -> dict[str, Any]:
-        return {**self.inner.describe(), "faults": {k: v for k, v in vars(self.spec).items() if v}}
+        faults = [{k: v for k, v in vars(s).items() if v} for s in self.specs]
+        return {**self.inner.describe(), "faults": faults[0] if len(faults) == 1 else faults}

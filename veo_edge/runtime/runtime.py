@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,7 +45,7 @@ from veo_edge.errors import (
 from veo_edge.runtime.backends.base import Runner, TensorMeta
 from veo_edge.runtime.backends.openvino import PERFORMANCE_HINTS
 from veo_edge.runtime.batching import Arrival, Batcher, BatcherStats, ClosedError
-from veo_edge.runtime.faults import FaultyRunner, parse_faults, spec_for
+from veo_edge.runtime.faults import FaultPlan, parse_faults
 from veo_edge.runtime.policy import (
     BACKENDS,
     artifacts_of,
@@ -122,12 +122,15 @@ class Runtime:
         gpu: int = 0,
         concurrency: int | None = None,
         performance_hint: str = "LATENCY",
+        fault_clock: Callable[[], float] | None = None,
     ) -> None:
         self.build = build_dir if isinstance(build_dir, BuildDir) else BuildDir.open(build_dir)
         self.backend = backend
         self.fallback = fallback
         self.names, disabled = resolve_policy(backend, policy, fallback)
         self.faults = parse_faults(faults, BACKENDS)
+        # the time rules' clock (default: monotonic seconds since now); a soak passes its run time
+        self._fault_plan = FaultPlan(self.faults, clock=fault_clock)
         self.gpu_memory_budget = parse_memory_size(gpu_memory_budget)
         if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0:
             raise UsageError(f"gpu must be a device index >= 0, got {gpu!r}")
@@ -322,8 +325,7 @@ class Runtime:
             gpu_memory_budget=self.gpu_memory_budget,
             **gpu_options,
         )
-        spec = spec_for(self.faults, name)
-        return FaultyRunner(runner, spec, label=name) if spec is not None else runner
+        return self._fault_plan.wrap(runner, name)
 
     def _set_status(self, name: str, status: str, reason: str | None = None) -> None:
         with self._state_lock:
@@ -486,6 +488,10 @@ class Runtime:
                 ready=self._started and not self._closed and self._runner is not None,
                 closed=self._closed,
             )
+
+    def injected_faults(self) -> dict[str, int]:
+        """Faults injected so far by the fault configuration, ``"entry: error rule"`` -> count."""
+        return self._fault_plan.injected()
 
     def describe(self) -> dict[str, Any]:
         """The active runner's own description (versions, device, providers)."""

@@ -166,6 +166,7 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     fallbacks_by_seg: dict[int, list[int]] = {}
     backends: list[str] = []
     recoveries = 0
+    injected_by_seg: dict[int, dict[str, int]] = {}  # chaos: per segment, the runtime's counters
     first_last: dict[str, list[Any]] = {}
     n_samples = 0
     for s in store.rows("samples"):
@@ -191,7 +192,11 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
         if s["active_backend"] and s["active_backend"] not in backends:
             backends.append(s["active_backend"])
         if s["extra"]:
-            recoveries = max(recoveries, json.loads(s["extra"]).get("recoveries", 0) or 0)
+            extra = json.loads(s["extra"])
+            recoveries = max(recoveries, extra.get("recoveries", 0) or 0)
+            seg_injected = injected_by_seg.setdefault(s["segment"], {})
+            for rule, n in (extra.get("injected") or {}).items():
+                seg_injected[rule] = max(seg_injected.get(rule, 0), int(n))
     leak: dict[str, Any] = {}
     for k in LEAK_SERIES:
         fits = {}
@@ -261,6 +266,7 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
         if batch_fits
         else None,
         "fallbacks": {"switches": fallbacks, "recoveries": recoveries, "backends": backends},
+        "chaos": _chaos(config.chaos, injected_by_seg),
         "fragmentation": fragmentation,
         "resources": {k: {"first": v[0], "last": v[1]} for k, v in first_last.items()},
         "disk": {
@@ -275,6 +281,17 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     }
     report["verdict"] = verdict(report, th)
     return report
+
+
+def _chaos(schedule: dict[str, Any] | None, by_segment: dict[int, dict[str, int]]) -> dict[str, Any] | None:
+    """The chaos schedule and the faults it injected (summed over segments: each ran its own runtime)."""
+    if not schedule:
+        return None
+    injected: dict[str, int] = {}
+    for counts in by_segment.values():
+        for rule, n in counts.items():
+            injected[rule] = injected.get(rule, 0) + n
+    return {"schedule": schedule, "injected": injected, "total": sum(injected.values())}
 
 
 def _merge(group: list[dict[str, Any]]) -> dict[str, Any]:

@@ -231,6 +231,18 @@ def markdown(r: dict[str, Any]) -> str:
         + (f", {req['in_flight_when_killed']} in flight when killed" if req["in_flight_when_killed"] else ""),
         f"- fallbacks: {r['fallbacks']['switches']} switches, {r['fallbacks']['recoveries']} recoveries; "
         f"backends: {', '.join(r['fallbacks']['backends']) or '-'}",
+        *(
+            [
+                f"- chaos: {r['chaos']['total']} faults injected"
+                + (
+                    " (" + ", ".join(f"{rule}: {n}" for rule, n in r["chaos"]["injected"].items()) + ")"
+                    if r["chaos"]["injected"]
+                    else ""
+                )
+            ]
+            if r.get("chaos")
+            else []
+        ),
         f"- disk: {r['disk']['db_bytes'] / 1e6:.2f} MB ({_fmt((r['disk']['bytes_per_hour'] or 0) / 1e6)} MB/h)",
         "",
         "## Verdict",

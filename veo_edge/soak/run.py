@@ -24,7 +24,26 @@ from veo_edge.soak.store import RunStore
 log = logging.getLogger("veo_edge.soak")
 
 
-def _target(config: SoakConfig):
+class RunClock:
+    """The run's time line in seconds: the segment's offset until the segment starts, then counting on
+    monotonic time. Windows, samples, events and the chaos schedule (the runtime's fault clock) read it,
+    so an injected fault and its record agree on the moment, and a resumed run keeps its schedule."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+        self._origin: float | None = None
+
+    def start(self) -> float:
+        self._origin = time.monotonic()
+        return self._origin
+
+    def __call__(self) -> float:
+        if self._origin is None:
+            return self.offset
+        return self.offset + (time.monotonic() - self._origin)
+
+
+def _target(config: SoakConfig, clock: RunClock):
     from veo_edge.soak.targets import HttpTarget, InProcessTarget
 
     if config.url is not None:
@@ -34,6 +53,7 @@ def _target(config: SoakConfig):
         backend=config.backend,
         policy=config.policy,
         faults=config.chaos,
+        fault_clock=clock,
         recover_interval_s=config.recover_interval_s,
         timeout_s=config.timeout_s,
         threads=config.threads,
@@ -43,7 +63,8 @@ def _target(config: SoakConfig):
 def start(config: SoakConfig, run_dir: Path, *, live: bool = True) -> Path:
     """Run a new soak into ``run_dir`` (new or empty); returns the run directory."""
     RunStore.check_new(run_dir)
-    target = _target(config)
+    clock = RunClock(0.0)
+    target = _target(config, clock)
     opened = target.open()  # an unreachable server or a bad build fails before the run directory exists
     try:
         store = RunStore.create(run_dir, config.to_dict())
@@ -51,7 +72,7 @@ def start(config: SoakConfig, run_dir: Path, *, live: bool = True) -> Path:
         target.close()
         raise
     try:
-        _run_segment(store, config, live, target, opened)
+        _run_segment(store, config, live, target, opened, clock)
     finally:
         store.close()
     return Path(run_dir)
@@ -71,8 +92,9 @@ def resume(run_dir: Path, *, live: bool = True) -> Path:
         if store.recorded_until() >= config.duration_s:
             store.set_status("complete")
         else:
-            target = _target(config)
-            _run_segment(store, config, live, target, target.open())
+            clock = RunClock(store.recorded_until())  # where begin_segment puts the new segment
+            target = _target(config, clock)
+            _run_segment(store, config, live, target, target.open(), clock)
     finally:
         store.close()
     return Path(run_dir)
@@ -118,7 +140,9 @@ class _Stop:
             signal.signal(sig, old)
 
 
-def _run_segment(store: RunStore, config: SoakConfig, live: bool, target: Any, opened: tuple) -> None:
+def _run_segment(
+    store: RunStore, config: SoakConfig, live: bool, target: Any, opened: tuple, clock: RunClock
+) -> None:
     from veo_edge.soak.sampler import Sampler
 
     shape, dtype = opened
@@ -135,7 +159,7 @@ def _run_segment(store: RunStore, config: SoakConfig, live: bool, target: Any, o
         )
         title = f"veo-edge soak: {target.name} ({config.mode}, batch {config.batch})"
         with _Stop() as stop, Progress(config.duration_s, title, enabled=live) as progress:
-            reason = _loop(store, config, target, sampler, recorder, driver, offset, stop, progress)
+            reason = _loop(store, config, sampler, recorder, driver, clock, stop, progress)
         sampler.close()
     finally:
         target.close()
@@ -143,16 +167,15 @@ def _run_segment(store: RunStore, config: SoakConfig, live: bool, target: Any, o
     log.info("soak segment ended: %s", reason)
 
 
-def _loop(store, config, target, sampler, recorder, driver, offset, stop, progress) -> str:
-    seg_start = time.monotonic()
-
-    def now() -> float:
-        return offset + (time.monotonic() - seg_start)
-
+def _loop(store, config, sampler, recorder, driver, clock, stop, progress) -> str:
+    offset = clock.offset
+    seg_start = clock.start()
+    now = clock
     driver.start()
     window_start = offset
     window_due = offset + config.window_s
     last_fallbacks: int | None = 0 if config.url is None else None  # a server's counter runs on
+    injected: dict[str, int] = {}  # chaos: faults injected so far, by rule
     next_tick = seg_start + config.sample_s
     live_stats: dict[str, Any] = {"ok": 0, "errors": 0}
     reason = "complete"
@@ -168,7 +191,7 @@ def _loop(store, config, target, sampler, recorder, driver, offset, stop, progre
             continue
         next_tick += config.sample_s
         t = now()
-        last_fallbacks = _tick(store, sampler, t, last_fallbacks, live_stats)
+        last_fallbacks = _tick(store, sampler, t, last_fallbacks, live_stats, injected)
         if t >= window_due - config.sample_s / 2:  # on the planned grid: ticks drift by microseconds
             _close_window(store, recorder, window_start, t, live_stats)
             window_start = t
@@ -178,7 +201,7 @@ def _loop(store, config, target, sampler, recorder, driver, offset, stop, progre
     in_flight = driver.stop(timeout=max(30.0, config.timeout_s * 2))
     t = now()
     _close_window(store, recorder, window_start, t, live_stats)
-    _tick(store, sampler, t, last_fallbacks, live_stats)
+    _tick(store, sampler, t, last_fallbacks, live_stats, injected)
     if reason != "complete":
         store.add_event(
             t, "interrupted", f"{reason} at {t:.1f} s; `veo-edge soak --resume` continues the run"
@@ -191,8 +214,12 @@ def _loop(store, config, target, sampler, recorder, driver, offset, stop, progre
     return reason
 
 
-def _tick(store, sampler, t, last_fallbacks, live_stats) -> int | None:
+def _tick(store, sampler, t, last_fallbacks, live_stats, injected) -> int | None:
     row = sampler.sample(t, time.time())
+    for rule, n in ((row.get("extra") or {}).get("injected") or {}).items():
+        if n > injected.get(rule, 0):
+            store.add_event(t, "chaos", f"{n - injected.get(rule, 0)} injected fault(s): {rule}")
+            injected[rule] = n
     store.add_sample(row)
     fb = row.get("fallbacks")
     if fb is not None and last_fallbacks is not None and fb > last_fallbacks:

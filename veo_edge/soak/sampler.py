@@ -99,6 +99,8 @@ class Sampler:
         )
         if obs.get("recoveries") is not None:
             extra["recoveries"] = obs["recoveries"]
+        if obs.get("injected"):  # chaos: faults injected so far, by rule
+            extra["injected"] = obs["injected"]
         tegra = self.tegra.latest()
         if tegra:
             extra["tegrastats"] = tegra

@@ -14,7 +14,7 @@ import http.client
 import json
 import threading
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ class InProcessTarget:
         backend: str = "auto",
         policy: list[str] | None = None,
         faults: Mapping[str, Any] | str | None = None,
+        fault_clock: Callable[[], float] | None = None,
         recover_interval_s: float | None = None,
         timeout_s: float = 30.0,
         threads: int | None = None,
@@ -63,6 +64,7 @@ class InProcessTarget:
         self.backend = backend
         self.policy = policy
         self.faults = faults
+        self.fault_clock = fault_clock
         self.recover_interval_s = recover_interval_s
         self.timeout_s = timeout_s
         self.threads = threads
@@ -76,6 +78,7 @@ class InProcessTarget:
             backend=self.backend,
             policy=self.policy,
             faults=self.faults,
+            fault_clock=self.fault_clock,
             recover_interval_s=self.recover_interval_s,
             threads=self.threads,
         ).start()
@@ -111,6 +114,7 @@ class InProcessTarget:
             "active_backend": stats["active_backend"],
             "pool": stats.get("memory_pool"),
             "switches": state.switches,
+            "injected": rt.injected_faults(),
         }
 
     def close(self) -> None:
