@@ -80,3 +80,27 @@ class DeviceLostError(BackendError):
 
 class NoBackendError(BackendUnavailableError):
     """No backend of the runtime's policy can run on this machine, or all of them failed."""
+
+
+class PackagingError(VeoEdgeError):
+    """A container image context cannot be assembled (missing tool, source file, wheel or key)."""
+
+    exit_code = 40
+
+
+class EngineUnreachableError(PackagingError):
+    """No Docker engine answers at DOCKER_HOST (or the default socket)."""
+
+    exit_code = 41
+
+
+class ImageBuildError(PackagingError):
+    """The Docker engine failed to build, save or inspect the image."""
+
+    exit_code = 42
+
+
+class ImageTrustError(VeoEdgeError):
+    """An image's baked files do not match its manifest, or the manifest's signature does not verify."""
+
+    exit_code = 43

@@ -7,7 +7,7 @@ import sys
 import typer
 
 from veo_edge import __version__
-from veo_edge.cli import build, doctor, engine, healthcheck, infer, inspect, serve
+from veo_edge.cli import build, doctor, engine, healthcheck, image, infer, inspect, serve
 from veo_edge.cli._common import State, console
 
 app = typer.Typer(
@@ -43,6 +43,7 @@ doctor.register(app)
 serve.register(app)
 healthcheck.register(app)
 inspect.register(app)
+image.register(app)
 
 #: exit code for a bug in veo-edge itself (sysexits' EX_SOFTWARE)
 INTERNAL_ERROR = 70
