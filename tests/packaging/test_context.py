@@ -183,3 +183,19 @@ def test_context_only_from_the_cli(nano_build: Path, tmp_path: Path, selinux_too
     lock = (out / "wheels" / "requirements.lock").read_text()
     for w in (out / "wheels").glob("*.whl"):
         assert f"--hash=sha256:{sha256_file(w)}" in lock
+
+
+def test_runtime_pins_follow_this_machine_only_for_its_own_python() -> None:
+    from importlib import metadata
+
+    from veo_edge.packaging.wheelhouse import runtime_requirements
+
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    same = [t for t in TARGETS.values() if t.python == here]
+    other = [t for t in TARGETS.values() if t.python != here]
+    for t in same:
+        reqs = runtime_requirements(t)
+        assert f"numpy=={metadata.version('numpy')}" in reqs
+    for t in other:
+        # e.g. numpy 2.3+ has no Python 3.10 wheels: the target's Python picks its own versions
+        assert runtime_requirements(t) == list(t.runtime_packages)

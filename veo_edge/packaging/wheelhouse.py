@@ -6,8 +6,8 @@ image build needs nothing from the network beyond its base image and installs ex
 No torch and no build tools: the runtime packages are what ``serve``/``healthcheck``/``engine build``
 import (``veo_edge.targets``); veo-edge itself is installed without its declared dependencies, because
 the exporter's (onnx, onnxruntime, onnx-graphsurgeon, safetensors) are not needed where nothing is
-exported. Versions are pinned to this machine's where it has the package, i.e. the versions the tests
-ran with.
+exported. Versions are pinned to this machine's where it has the package and the target's Python is
+this machine's, i.e. the versions the tests ran with.
 """
 
 from __future__ import annotations
@@ -29,7 +29,11 @@ LOCK_NAME = "requirements.lock"
 
 
 def runtime_requirements(target: Target) -> list[str]:
-    """``name==version`` for each runtime package this machine has, ``name`` for the others."""
+    """``name==version`` for each runtime package this machine has when it runs the target's Python
+    (the versions the tests ran with), ``name`` otherwise (pip picks the newest the target's Python
+    takes; the lock then pins what was taken)."""
+    if target.python != f"{sys.version_info[0]}.{sys.version_info[1]}":
+        return list(target.runtime_packages)
     reqs = []
     for name in target.runtime_packages:
         try:
