@@ -165,26 +165,6 @@ def test_build_image_flags_need_a_target_and_a_bad_target_fails_before_the_expor
     assert r.returncode == UsageError.exit_code and "unknown target 'tpu'" in r.stderr
 
 
-def test_context_only_from_the_cli(nano_build: Path, tmp_path: Path, selinux_tools) -> None:
-    """The cpu context as `veo-edge image build --context-only` makes it (real wheel downloads)."""
-    out = tmp_path / "cli-ctx"
-    no_engine = {"DOCKER_HOST": f"unix://{tmp_path}/none.sock"}
-    r = _veo("image", "build", str(nano_build), "--target", "cpu", "--context-only", "--context-dir", str(out),
-             "--json", env=no_engine)  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    made = json.loads(r.stdout)
-    assert made["context"] == str(out) and made["build_args"]["TARGET"] == "cpu"
-    assert (out / "Dockerfile").read_bytes() == (REPO / "packaging" / "Dockerfile").read_bytes()
-    assert not (out / "plugins").exists(), "the cpu image compiles nothing"
-    wheels = {w.name.split("-")[0].lower() for w in (out / "wheels").glob("*.whl")}
-    assert {"openvino", "numpy", "veo_edge", "securesystemslib", "cryptography"} <= wheels
-    assert not {"torch", "onnx", "onnxruntime", "onnx_graphsurgeon", "setuptools", "pip"} & wheels
-    # every wheel is pinned by its sha256 in the lock the image installs from
-    lock = (out / "wheels" / "requirements.lock").read_text()
-    for w in (out / "wheels").glob("*.whl"):
-        assert f"--hash=sha256:{sha256_file(w)}" in lock
-
-
 def test_runtime_pins_follow_this_machine_only_for_its_own_python() -> None:
     from importlib import metadata
 
@@ -199,3 +179,32 @@ def test_runtime_pins_follow_this_machine_only_for_its_own_python() -> None:
     for t in other:
         # e.g. numpy 2.3+ has no Python 3.10 wheels: the target's Python picks its own versions
         assert runtime_requirements(t) == list(t.runtime_packages)
+
+
+def test_build_with_target_context_only_makes_the_build_and_its_context(
+    tmp_path: Path, selinux_tools
+) -> None:
+    """`veo-edge build --target cpu --context-only`: the build directory, then the cpu context beside it
+    (real wheel downloads for the image's platform and Python)."""
+    out = tmp_path / "vit-nano"
+    r = _veo("build", "--model", "vit-nano", "--out", str(out), "--target", "cpu", "--context-only", "--json",
+             env={"DOCKER_HOST": f"unix://{tmp_path}/none.sock"})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    made = json.loads(r.stdout)
+    ctx = tmp_path / "vit-nano.image-cpu"
+    assert made["image"]["context"] == str(ctx) and made["image"]["build_args"]["TARGET"] == "cpu"
+    assert json.loads((ctx / "app" / "model" / "manifest.json").read_text())["model"]["name"] == "vit-nano"
+    assert (ctx / "Dockerfile").read_bytes() == (REPO / "packaging" / "Dockerfile").read_bytes()
+    assert not (ctx / "plugins").exists(), "the cpu image compiles nothing"
+    wheels = {w.name.split("-")[0].lower() for w in (ctx / "wheels").glob("*.whl")}
+    assert {"openvino", "numpy", "veo_edge", "securesystemslib", "cryptography"} <= wheels
+    assert not {"torch", "onnx", "onnxruntime", "onnx_graphsurgeon", "setuptools", "pip"} & wheels
+    # every wheel is pinned by its sha256 in the lock the image installs from
+    lock = (ctx / "wheels" / "requirements.lock").read_text()
+    for w in (ctx / "wheels").glob("*.whl"):
+        assert f"--hash=sha256:{sha256_file(w)}" in lock
+
+
+def test_sign_key_that_is_not_a_file_is_a_usage_error(nano_build: Path, tmp_path: Path) -> None:
+    r = _veo("image", "build", str(nano_build), "--target", "cpu", "--sign-key", str(tmp_path / "nope.pem"))
+    assert r.returncode == UsageError.exit_code and "is not a file" in r.stderr
