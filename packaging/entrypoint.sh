@@ -17,7 +17,7 @@ port="${VEO_EDGE_PORT:-8000}"
 host="${VEO_EDGE_HOST:-0.0.0.0}"
 backend="${VEO_EDGE_BACKEND:-auto}"
 
-if ! veo-edge image verify "$root"; then
+if ! veo-edge verify "$root" || ! veo-edge verify --quiet "$build"; then
     echo "veo-edge: REFUSING TO START: the image's baked files or signature do not verify (reason above)" >&2
     exit 65
 fi

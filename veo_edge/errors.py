@@ -13,6 +13,8 @@ class VeoEdgeError(Exception):
     """Base of every veo-edge error."""
 
     exit_code = 1
+    #: machine-readable specifics (printed by the CLI with ``--json``, and with ``--debug``)
+    details: dict | None = None
 
 
 class UsageError(VeoEdgeError):
@@ -80,6 +82,39 @@ class DeviceLostError(BackendError):
 
 class NoBackendError(BackendUnavailableError):
     """No backend of the runtime's policy can run on this machine, or all of them failed."""
+
+
+class ArtifactMismatchError(BuildDirError):
+    """An artifact of a build directory does not match the sha256 (or size) its manifest records: the
+    build was modified or corrupted after it was made, and nothing loads it."""
+
+    exit_code = 30
+
+
+class ManifestError(BuildDirError):
+    """A build directory's ``manifest.json`` does not follow the manifest schema (a field is missing or
+    has the wrong type or value)."""
+
+    exit_code = 31
+
+
+class OutputPathError(VeoEdgeError):
+    """``--out`` cannot be written: it names a file or a directory veo-edge does not own, or its parent
+    is a file, unwritable or on a read-only filesystem."""
+
+    exit_code = 32
+
+
+class DiskFullError(VeoEdgeError):
+    """The filesystem of the output ran out of space (or would, by the build's estimate)."""
+
+    exit_code = 33
+
+
+class BuildLockedError(VeoEdgeError):
+    """Another build holds the lock on the same output path."""
+
+    exit_code = 34
 
 
 class PackagingError(VeoEdgeError):

@@ -48,8 +48,17 @@ class Target:
         return self.platform.split("/", 1)[1]
 
 
-#: what every image runs: serve + healthcheck over OpenVINO, and the manifest/signature check
-_COMMON = ("numpy", "typer", "rich", "packaging", "prometheus-client", "securesystemslib", "cryptography")
+#: what every image runs: serve + healthcheck over OpenVINO, and the manifest/signature checks
+_COMMON = (
+    "numpy",
+    "typer",
+    "rich",
+    "packaging",
+    "prometheus-client",
+    "jsonschema",  # the build manifest is checked against its schema at every load
+    "securesystemslib",
+    "cryptography",
+)
 
 TARGETS: dict[str, Target] = {
     t.name: t

@@ -229,11 +229,9 @@ def test_verify_from_outside_pins_the_key(cpu_image, tmp_path: Path) -> None:
     other = signing.fingerprint(signing.load_private_key(_ed25519_pem(tmp_path / "other.pem")).public_key())
     code = "from veo_edge.cli.main import main; import sys; main(sys.argv[1:])"
     env = cpu_image.engine.env
-    ok = subprocess.run(
-        [sys.executable, "-c", code, "image", "verify", TAG], env=env, capture_output=True, text=True
-    )
+    ok = subprocess.run([sys.executable, "-c", code, "verify", TAG], env=env, capture_output=True, text=True)
     assert ok.returncode == 0 and "every sha256 matches" in ok.stdout, ok.stderr
-    bad = subprocess.run([sys.executable, "-c", code, "image", "verify", TAG, "--key", other], env=env,
+    bad = subprocess.run([sys.executable, "-c", code, "verify", TAG, "--key", other], env=env,
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == ImageTrustError.exit_code and "not by the trusted key" in bad.stderr
 

@@ -1,6 +1,6 @@
 """The image manifest and its DSSE/Ed25519 signature, on real files: any changed, added, removed or
 re-pointed file, a changed manifest, another key or a stripped signature is refused, with one line
-naming what differs. The tar path (``veo-edge image verify IMAGE``) sees what the disk path sees."""
+naming what differs. The tar path (``veo-edge verify IMAGE``) sees what the disk path sees."""
 
 from __future__ import annotations
 

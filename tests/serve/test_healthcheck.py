@@ -54,22 +54,25 @@ def test_golden_file_corrupted_locally(nano_server, nano_build, copy_build):
     """The probe's own golden output is corrupt: its checksum no longer matches the manifest."""
     bad = _corrupt_golden(copy_build(nano_build))
     r = _healthcheck("--url", _url(nano_server), "--build-dir", str(bad))
-    assert r.returncode == EXIT_CODES["canary mismatch"], r.stderr
-    assert "golden canary" in r.stderr and "does not match its manifest checksum" in r.stderr
+    assert r.returncode == EXIT_CODES["build modified"] == 30, r.stderr
+    assert "was modified after it was built: canary/expected.npy has sha256" in r.stderr
     r = _healthcheck("--build-dir", str(bad))
-    assert r.returncode == EXIT_CODES["canary mismatch"], r.stderr
-
-
-def test_server_with_corrupted_golden_is_not_ready(nano_build, copy_build, serve):
-    bad = _corrupt_golden(copy_build(nano_build))
-    server = serve(bad, wait_ready=False)
-    status, ready = server.get_json("/v2/health/ready")
-    assert status == 503 and ready["ready"] is False
-    assert "golden canary" in ready["reason"]
-    r = _healthcheck("--url", _url(server))
-    assert r.returncode == EXIT_CODES["not ready"], r.stderr
-    assert "is not ready (HTTP 503)" in r.stderr and "golden canary" in r.stderr
+    assert r.returncode == EXIT_CODES["build modified"], r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_server_with_corrupted_golden_refuses_to_start(nano_build, copy_build, tmp_path):
+    """A golden output that no longer matches the manifest is refused at start, not a 503 later."""
+    bad = _corrupt_golden(copy_build(nano_build))
+    r = subprocess.run(
+        [sys.executable, "-m", "veo_edge.cli.main", "serve", str(bad), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 30, r.stderr
+    assert "canary/expected.npy has sha256" in r.stderr and "the manifest records" in r.stderr
+    assert "serving" not in r.stderr
 
 
 def test_wrong_model(video_nano_build, nano_build, nano_server, serve):

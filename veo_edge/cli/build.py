@@ -22,7 +22,12 @@ def build(
     out: Path = typer.Option(None, "--out", "-o", help="Build directory (default: ./<model name>)."),
     max_batch: int = typer.Option(8, "--max-batch", help="Largest batch the build serves."),
     fp16: bool = typer.Option(False, "--fp16", help="FP16 artifacts (OpenVINO weights compressed to FP16)."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing build directory."),
+    force: bool = typer.Option(
+        False, "--force", help="Replace an existing build directory (only a veo-edge build is replaced)."
+    ),
+    wait: bool = typer.Option(
+        False, "--wait", help="If another build is writing the same --out, wait for it instead of failing."
+    ),
     opset: int = typer.Option(17, "--opset", help="ONNX opset (17 or newer)."),
     exporter: str = typer.Option(
         "torchscript", "--exporter", help="torch.onnx exporter: torchscript or dynamo."
@@ -81,6 +86,7 @@ def build(
         max_batch=max_batch,
         fp16=fp16,
         force=force,
+        wait=wait,
         quiet=quiet or json_out,
         opset=opset,
         exporter=exporter,

@@ -27,7 +27,8 @@ def healthcheck(
 
     Exit codes: 0 healthy; 20 server down (nothing answers, not live); 21 not ready (no backend,
     failed start canary, unknown model); 22 canary mismatch (inference failed, output off the golden
-    one, golden file corrupt); 23 timeout; 2 usage. The reason is printed on one line.
+    one, golden file unreadable); 23 timeout; 30 the build (--build-dir) was modified after it was
+    built (an artifact's sha256 differs from its manifest); 2 usage. The reason is printed on one line.
     """
     from veo_edge.errors import UsageError
     from veo_edge.serve.health import check_local, check_server

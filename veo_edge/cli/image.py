@@ -1,6 +1,5 @@
-"""``veo-edge image``: container images of a build (``build`` here, or ``veo-edge build --target``) and
-their verification (``verify``: the entrypoint runs it inside the container, and it works from outside on
-an image in the engine)."""
+"""``veo-edge image build``: the container image of a build (also ``veo-edge build --target``). Images
+are verified by ``veo-edge verify IMAGE`` (cli/verify.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,9 @@ import typer
 
 from veo_edge.cli._common import console, print_json
 
-app = typer.Typer(help="Container images: build them, verify them.", no_args_is_help=True)
+app = typer.Typer(
+    help="Container images of a build (verify them with `veo-edge verify IMAGE`).", no_args_is_help=True
+)
 
 
 def package(
@@ -102,39 +103,6 @@ def build_command(
     )
     if json_out:
         print_json(result)
-
-
-@app.command("verify")
-def verify_command(
-    image: str = typer.Argument(..., help="An image in the engine (tag or id), or an image root directory."),
-    key: str = typer.Option(
-        None,
-        "--key",
-        help="Trusted signing key: sha256:... fingerprint or PEM public key (or $VEO_EDGE_TRUSTED_KEY).",
-    ),
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only errors; the exit code says."),
-) -> None:
-    """Check every baked file against the image manifest and the manifest's signature (exit 43 on any
-    mismatch). A directory (the entrypoint passes /opt/veo-edge) is checked on disk, anything else is an
-    image read through the Docker engine without running it."""
-    if Path(image).is_dir():
-        from veo_edge.packaging.manifest import verify_root
-
-        report = verify_root(Path(image), key)
-    else:
-        from veo_edge.packaging.image import verify_image
-
-        report = verify_image(image, key)
-    if json_out:
-        print_json(report)
-    elif not quiet:
-        signed = f"signed by {report['signed_by']}" if report["signed_by"] else "UNSIGNED"
-        console().print(
-            f"[bold green]verified[/] {report['source']}: {report['files']} files, {report['bytes'] / 1e6:.1f} MB, "
-            f"every sha256 matches the image manifest; {signed}",
-            soft_wrap=True,
-        )
 
 
 def register(root: typer.Typer) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import typer
 
 from veo_edge import __version__
-from veo_edge.cli import build, doctor, engine, healthcheck, image, infer, inspect, serve
-from veo_edge.cli._common import State, console
+from veo_edge.cli import build, doctor, engine, healthcheck, image, infer, inspect, serve, verify
+from veo_edge.cli._common import State, console, print_json
 
 app = typer.Typer(
     name="veo-edge",
@@ -43,6 +44,7 @@ doctor.register(app)
 serve.register(app)
 healthcheck.register(app)
 inspect.register(app)
+verify.register(app)
 image.register(app)
 
 #: exit code for a bug in veo-edge itself (sysexits' EX_SOFTWARE)
@@ -52,12 +54,20 @@ INTERNAL_ERROR = 70
 def main(argv: list[str] | None = None) -> None:
     from veo_edge.errors import VeoEdgeError
 
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        app(args=argv, prog_name="veo-edge")
+        app(args=args, prog_name="veo-edge")
     except VeoEdgeError as e:
         if State.debug:
+            if e.details:
+                sys.stderr.write(json.dumps(e.details, indent=2, default=str) + "\n")
             raise
-        console(stderr=True).print(f"[bold red]error:[/] {e}", soft_wrap=True)
+        line = " ".join(part.strip() for part in str(e).splitlines() if part.strip())
+        if e.details and "--json" in args:  # the specifics, machine-readable, where the command's JSON goes
+            print_json({"error": line, "exit_code": e.exit_code, **e.details})
+        from rich.markup import escape
+
+        console(stderr=True).print(f"[bold red]error:[/] {escape(line)}", soft_wrap=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         console(stderr=True).print("[yellow]interrupted[/]")
@@ -65,8 +75,11 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:
         if State.debug:
             raise
+        from rich.markup import escape
+
+        line = " ".join(part.strip() for part in str(e).splitlines() if part.strip())
         console(stderr=True).print(
-            f"[bold red]internal error:[/] {type(e).__name__}: {e} (run with --debug for the traceback)",
+            f"[bold red]internal error:[/] {type(e).__name__}: {escape(line)} (run with --debug for the traceback)",
             soft_wrap=True,
         )
         sys.exit(INTERNAL_ERROR)

@@ -78,6 +78,8 @@ class ModuleSource:
         mod_name, sep, attr = self.spec.partition(":")
         if not sep or not mod_name or not attr:
             raise UsageError(f"--module {self.spec!r} is not of the form pkg.mod:factory")
+        if self.checkpoint is not None:  # a wrong path fails before the model is made
+            check_input_file(Path(self.checkpoint), "--checkpoint", "checkpoint", CHECKPOINT_NAMES)
         try:
             module = importlib.import_module(mod_name)
         except ImportError as e:
@@ -116,13 +118,28 @@ def _shape_from_module(net: nn.Module) -> tuple[int, ...] | None:
     return tuple(int(d) for d in shape) if shape else None
 
 
+#: the usual checkpoint names inside a model directory (suggested when --checkpoint names the directory)
+CHECKPOINT_NAMES = ("model.safetensors", "pytorch_model.bin", "model.pt", "model.pth")
+
+
+def check_input_file(path: Path, flag: str, what: str, usual_names: tuple[str, ...] = ()) -> None:
+    """:class:`ModelLoadError` unless ``path`` is a file: one line for a missing path and for a directory
+    (naming the usual file inside it, when there is one)."""
+    if path.is_dir():
+        inside = next((path / n for n in usual_names if (path / n).is_file()), None)
+        hint = f"; did you mean {flag} {inside}?" if inside else f"; pass the {what} inside it"
+        article = "an" if what[0] in "aeiouAEIO" else "a"
+        raise ModelLoadError(f"{flag} {path} is a directory, expected {article} {what}{hint}")
+    if not path.is_file():
+        raise ModelLoadError(f"{what} {path} does not exist")
+
+
 def load_checkpoint(net: nn.Module, path: Path) -> None:
     """Load a state dict safely (``weights_only=True``; safetensors too); strict key matching."""
     import torch
 
     path = Path(path)
-    if not path.is_file():
-        raise ModelLoadError(f"checkpoint {path} does not exist")
+    check_input_file(path, "--checkpoint", "checkpoint", CHECKPOINT_NAMES)
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -155,8 +172,7 @@ class OnnxSource:
 
     def load(self) -> LoadedModel:
         path = Path(self.path)
-        if not path.is_file():
-            raise ModelLoadError(f"ONNX file {path} does not exist")
+        check_input_file(path, "--onnx", "ONNX file", ("model.onnx",))
         import onnx
 
         try:

@@ -205,7 +205,7 @@ def save_image(client, tag: str, dest: Path, say: Progress) -> Path:
 
 
 def verify_image(image: str, trusted_key: str | None = None, client=None) -> dict[str, Any]:
-    """``veo-edge image verify IMAGE``: the image's files against its manifest and signature, and its
+    """``veo-edge verify IMAGE``: the image's files against its manifest and signature, and its
     labels against the manifest, read through the engine without running the image."""
     client = client or connect()
     entries, trust = _read_root(client, image)

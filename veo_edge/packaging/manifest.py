@@ -6,7 +6,7 @@ It is made from the built image itself (its ``/opt/veo-edge`` read back through 
 compiled inside the image (the plugin libraries) are covered too, and added to the image in a last layer
 under ``trust/`` with its signature and the public key. The same check runs in two places:
 ``scan_dir`` inside a container (the entrypoint, before anything is served) and ``scan_tar`` from
-outside (``veo-edge image verify IMAGE``, over the engine's archive of the image).
+outside (``veo-edge verify IMAGE``, over the engine's archive of the image).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ backend is loaded once and serves both the parity check and the canary.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import platform
 import shutil
 from dataclasses import dataclass, field
@@ -15,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from veo_edge import __version__
-from veo_edge.builddir import BuildDir, artifact_entry, check_output, staged_output, write_manifest
+from veo_edge.builddir import BuildDir, artifact_entry, write_manifest
 from veo_edge.errors import ParityError, UsageError
 from veo_edge.export.canary import MIN_COSINE, Canary, compare_canary
 from veo_edge.export.onnx_export import Exporter, OnnxExport, check_onnx
@@ -23,6 +25,7 @@ from veo_edge.export.openvino_ir import OpenVinoConvert
 from veo_edge.export.parity import ParityStats, TorchReference, check_all, seeded_inputs
 from veo_edge.export.source import BuiltinSource, LoadedModel, ModuleSource, OnnxSource
 from veo_edge.pipeline.progress import StageReporter
+from veo_edge.staging import BuildOutput
 
 Source = BuiltinSource | ModuleSource | OnnxSource
 
@@ -38,6 +41,7 @@ class BuildOptions:
     max_batch: int = 8
     fp16: bool = False
     force: bool = False
+    wait: bool = False  # wait for another build of the same --out instead of failing
     quiet: bool = False
     opset: int = 17
     exporter: Exporter = "torchscript"
@@ -69,17 +73,33 @@ def versions() -> dict[str, str | None]:
 
 
 def run_build(opts: BuildOptions) -> BuildResult:
-    # an explicit --out that exists fails before any slow work
-    if opts.out is not None:
-        check_output(opts.out, opts.force)
-    with StageReporter(quiet=opts.quiet) as rep:
+    with contextlib.ExitStack() as stack:
+        output = None
+        if opts.out is not None:  # an explicit --out is checked and locked before any slow work
+            output = stack.enter_context(BuildOutput(opts.out, opts.force, opts.wait))
+        rep = stack.enter_context(StageReporter(quiet=opts.quiet))
         with rep.stage("load", "Loading the model"):
             loaded = opts.source.load()
-        out = opts.out or Path.cwd() / loaded.name
-        with staged_output(out, opts.force) as stage:
+        if output is None:
+            output = stack.enter_context(BuildOutput(Path.cwd() / loaded.name, opts.force, opts.wait))
+        for debris in output.reclaimed:
+            rep.note(f"removed {debris}, left by a build of {output.out.name} that was killed")
+        with output.staging(need_bytes=estimate_bytes(loaded, opts)) as stage:
             result = _build_into(stage, loaded, opts, rep)
-        result.path = out
+        result.path = output.out
         return result
+
+
+def estimate_bytes(loaded: LoadedModel, opts: BuildOptions) -> int:
+    """Roughly the disk space a build of ``loaded`` takes: the weights once in model.onnx, once in
+    model.plugins.onnx and once (half with --fp16) in the OpenVINO .bin, plus a margin for the rest."""
+    if loaded.module is not None:
+        weights = sum(p.numel() * p.element_size() for p in loaded.module.state_dict().values())
+    else:
+        weights = Path(loaded.onnx_path).stat().st_size
+    copies = 1 + (1 if opts.plugins else 0) + (0.5 if opts.fp16 else 1)
+    canary = 2 * 4 * math.prod(loaded.input_shape)  # the canary input and (at most as large) its output
+    return int(weights * copies * 1.1) + canary + (256 << 10)  # + the XML, reports and manifest
 
 
 def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: StageReporter) -> BuildResult:

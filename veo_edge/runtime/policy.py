@@ -141,6 +141,15 @@ def probe_candidate(name: str, build: BuildDir, gpu_memory_budget: int | None = 
     raise UsageError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
 
 
+def artifacts_of(name: str, build: BuildDir) -> list[str]:
+    """The artifact kinds candidate ``name`` loads from ``build`` (verified when the runtime starts)."""
+    if name == "openvino":
+        return ["openvino_xml", "openvino_bin"]
+    if name == "tensorrt" and build.has("plugins_onnx"):
+        return ["plugins_onnx"]
+    return ["onnx"]
+
+
 def make_runner(name: str, build: BuildDir, threads: int | None = None, **options: Any):
     """The (inactive) runner for candidate ``name`` over ``build``'s artifacts."""
     if name in ("openvino", "onnxruntime"):

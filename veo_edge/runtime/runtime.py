@@ -46,6 +46,7 @@ from veo_edge.runtime.batching import Batcher, BatcherStats, ClosedError
 from veo_edge.runtime.faults import FaultyRunner, parse_faults, spec_for
 from veo_edge.runtime.policy import (
     BACKENDS,
+    artifacts_of,
     make_runner,
     parse_memory_size,
     probe_candidate,
@@ -56,6 +57,12 @@ log = logging.getLogger("veo_edge.runtime")
 
 #: how many skips and switches the runtime's state keeps (the newest); counters are not capped
 HISTORY = 256
+
+
+def _short(reason: str, limit: int = 120) -> str:
+    """The first line of a reason, cut at ``limit`` characters (the full one goes to the details)."""
+    line = reason.strip().splitlines()[0] if reason.strip() else reason
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 @dataclass(frozen=True)
@@ -151,12 +158,15 @@ class Runtime:
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> Runtime:
-        """Probe the candidates in order, activate the first usable one, start the batcher."""
+        """Verify the artifacts the candidates load against the manifest (once; a tampered build raises
+        :class:`~veo_edge.errors.ArtifactMismatchError`), probe the candidates in order, activate the first
+        usable one, start the batcher."""
         with self._exec_lock:
             if self._closed:
                 raise ClosedError("this runtime was closed; create a new Runtime")
             if self._started:
                 return self
+            self.build.verify(sorted({k for n in self.names for k in artifacts_of(n, self.build)}))
             self._activate_from(0)
             self._batcher = Batcher(
                 self._run_batch,
@@ -294,19 +304,23 @@ class Runtime:
                 self._set_status(self.names[i], "active")
                 log.info("backend %s active", self.names[i])
                 return
-        tried = "; ".join(
-            f"{s['backend']}: {s['reason']}" for s in self._skipped if s["backend"] in self.names[first:]
-        )
+        names = self.names[first:]
+        skipped = [dict(s) for s in self._skipped if s["backend"] in names]
+        latest = {s["backend"]: s["reason"] for s in skipped}
+        tried = "; ".join(f"{n}: {_short(latest[n])}" for n in names if n in latest)
         hint = (
-            " Fallback is off (--no-fallback): allow it, or fix the first backend."
+            "Fallback is off (--no-fallback): allow it, or fix the first backend; "
             if not self.fallback
             else ""
         )
-        raise NoBackendError(
+        error = NoBackendError(
             f"no backend can run build {self.build.path}"
-            + (f" after {failure}" if failure else "")
-            + f" (tried {', '.join(self.names[first:]) or 'none'}): {tried or 'none left'}.{hint}"
+            + (f" after {_short(failure)}" if failure else "")
+            + f" (tried {', '.join(names) or 'none'}): {tried or 'none left'}; {hint}"
+            "--json or --debug shows each backend's full reason, `veo-edge doctor` what this machine has"
         )
+        error.details = {"tried": names, "skipped": [{"backend": n, "reason": latest[n]} for n in latest]}
+        raise error
 
     def _run_batch(self, x: np.ndarray) -> np.ndarray:
         """Run one batch on the active backend; on a backend failure switch to the next and re-run it."""

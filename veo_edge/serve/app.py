@@ -72,7 +72,8 @@ class InferenceService:
         self.counters = HttpCounters()
         self.registry = make_registry(ServeCollector(runtime, self.model, self.counters, self.is_ready))
         self.http = HttpServer(self.handle, error_body, options.limits)
-        self.canary: Canary | None = None
+        # the golden canary is read (and verified) now: a build without a usable one is refused at start
+        self.canary: Canary | None = load_canary(runtime.build)
         self.canary_result: CanaryResult | None = None
         self.canary_backend: str | None = None
         self.canary_error: str | None = None
