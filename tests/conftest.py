@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -89,3 +90,40 @@ def docker_engine():
     finally:
         engine.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cpu_image(docker_engine, nano_build: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The signed cpu image of vit-nano, built once for the session."""
+    import docker
+
+    from tests.support.dockerd import BASE_IMAGE
+    from tests.support.images import TAG, ed25519_pem
+    from veo_edge.packaging.context import ContextOptions, assemble_context
+    from veo_edge.packaging.image import build_image
+    from veo_edge.targets import get_target
+
+    work = tmp_path_factory.mktemp("image")
+    key = ed25519_pem(work / "sign.pem")
+    client = docker.DockerClient(base_url=docker_engine.host, timeout=900)
+    ctx = assemble_context(
+        ContextOptions(
+            build_dir=nano_build, target=get_target("cpu"), out=work / "ctx", base_image=BASE_IMAGE
+        )
+    )
+    log: list[str] = []
+    built = build_image(ctx, tag=TAG, sign_key=key, progress=log.append, client=client)
+    print(
+        f"\ncpu image {TAG}: {built.size / 1e6:.1f} MB, {len(built.manifest['files'])} files in the manifest"
+    )
+    yield SimpleNamespace(
+        engine=docker_engine,
+        client=client,
+        ctx=ctx,
+        built=built,
+        key=key,
+        work=work,
+        log=log,
+        build=nano_build,
+    )
+    client.close()

@@ -87,37 +87,31 @@ class NoBackendError(BackendUnavailableError):
 class DeployError(VeoEdgeError):
     """Shipping an image to a device or a fleet failed (``veo-edge deploy``)."""
 
-    exit_code = 40
-
-
-class EngineUnreachableError(DeployError):
-    """The target's Docker engine does not answer, or the address is not a Docker engine address."""
-
-    exit_code = 41
+    exit_code = 44
 
 
 class InsecureEngineError(DeployError):
     """A plain ``tcp://`` engine address without TLS: refused, as it hands root on the device to the network."""
 
-    exit_code = 42
+    exit_code = 45
 
 
 class UnhealthyReleaseError(DeployError):
     """The new release never became healthy; it was removed and the previous release restored."""
 
-    exit_code = 43
+    exit_code = 46
 
 
 class DeployPendingError(DeployError):
     """The orchestrator accepted the release but cannot place it (no node satisfies its constraints)."""
 
-    exit_code = 44
+    exit_code = 47
 
 
 class RollbackFailedError(DeployError):
     """Restoring the previous release failed too: the device serves nothing; act now."""
 
-    exit_code = 45
+    exit_code = 48
 
 
 class AccuracyGuardError(VeoEdgeError):
@@ -163,3 +157,27 @@ class BuildLockedError(VeoEdgeError):
     """Another build holds the lock on the same output path."""
 
     exit_code = 34
+
+
+class PackagingError(VeoEdgeError):
+    """A container image context cannot be assembled (missing tool, source file, wheel or key)."""
+
+    exit_code = 40
+
+
+class EngineUnreachableError(VeoEdgeError):
+    """No Docker engine answers at DOCKER_HOST (or the default socket)."""
+
+    exit_code = 41
+
+
+class ImageBuildError(PackagingError):
+    """The Docker engine failed to build, save or inspect the image."""
+
+    exit_code = 42
+
+
+class ImageTrustError(VeoEdgeError):
+    """An image's baked files do not match its manifest, or the manifest's signature does not verify."""
+
+    exit_code = 43

@@ -70,7 +70,7 @@ def test_deploy_transfers_runs_healthy_then_rolls_back_a_bad_release(
 
     # a release that never becomes healthy: removed, v2 restarted and proven healthy, exit 33 with why
     r = deploy(docker_engine, device_engine, test_images["unhealthy"], "--name", name, "--timeout", "30")
-    assert r.returncode == 43, r.stderr
+    assert r.returncode == 46, r.stderr
     err = r.stderr.replace("\n", " ")
     assert "did not become healthy" in err and "rolled back to the previous release veo-test/app:v2" in err
     assert "canary mismatch" in err  # the last healthcheck output
@@ -82,7 +82,7 @@ def test_deploy_transfers_runs_healthy_then_rolls_back_a_bad_release(
 
     # a release whose process exits: same rollback
     r = deploy(docker_engine, device_engine, test_images["crashing"], "--name", name, "--timeout", "30")
-    assert r.returncode == 43, r.stderr
+    assert r.returncode == 46, r.stderr
     assert "the container exited" in r.stderr and "cannot open model.bin" in r.stderr
     assert state(device_engine, name)["image"] == test_images["v2"]
 
@@ -105,7 +105,7 @@ def test_first_deploy_of_a_bad_release_leaves_nothing_running(
     r = deploy(
         docker_engine, device_engine, test_images["unhealthy"], "--name", release_name, "--timeout", "30"
     )
-    assert r.returncode == 43, r.stderr
+    assert r.returncode == 46, r.stderr
     assert "there was no previous release" in r.stderr
     assert state(device_engine, release_name) is None
 
@@ -122,7 +122,7 @@ def test_an_image_without_a_healthcheck_is_refused_before_anything_runs(
 @pytest.mark.parametrize(
     ("to", "code", "message"),
     [
-        ("tcp://127.0.0.1:2375", 42, "refusing plain tcp://127.0.0.1:2375"),
+        ("tcp://127.0.0.1:2375", 45, "refusing plain tcp://127.0.0.1:2375"),
         ("http://device:2375", 2, "is not a Docker engine address"),
         (
             "unix:///nonexistent/docker.sock",
@@ -141,8 +141,8 @@ def test_bad_engine_addresses_are_one_line_errors(to, code, message) -> None:
 
 def test_status_of_an_unknown_release_and_a_missing_image(docker_engine, device_engine) -> None:
     r = veo("deploy", "status", "no-such-release", "--to", device_engine.host)
-    assert r.returncode == 40 and "no release named no-such-release" in r.stderr
+    assert r.returncode == 44 and "no release named no-such-release" in r.stderr
     r = deploy(docker_engine, device_engine, "veo-test/none:missing", "--name", "x")
-    assert r.returncode == 40 and "is on neither the local engine nor the target" in r.stderr
+    assert r.returncode == 44 and "is on neither the local engine nor the target" in r.stderr
     r = veo("deploy", "rollback", "no-such-release", "--to", device_engine.host)
-    assert r.returncode == 40 and "no previous release of no-such-release" in r.stderr
+    assert r.returncode == 44 and "no previous release of no-such-release" in r.stderr

@@ -34,7 +34,7 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     r = swarm_deploy(
         docker_engine, swarm_engine, test_images["unhealthy"], "--name", "fleet", "--replicas", "2"
     )
-    assert r.returncode == 43, r.stderr
+    assert r.returncode == 46, r.stderr
     assert "the swarm rolled service fleet back from veo-test/app:unhealthy" in r.stderr
     inspect = json.loads(swarm_engine.docker("service", "inspect", "fleet").stdout)[0]
     assert inspect["UpdateStatus"]["State"].startswith("rollback")
@@ -50,11 +50,11 @@ def test_a_constraint_no_node_satisfies_is_pending_not_success(
     r = swarm_deploy(
         docker_engine, swarm_engine, test_images["v1"], "--name", "orin-fleet", "--target", "orin"
     )
-    assert r.returncode == 44, r.stderr
+    assert r.returncode == 47, r.stderr
     assert "service orin-fleet is pending" in r.stderr and "veo.target=orin" in r.stderr
     assert all(t["CurrentState"].startswith("Pending") for t in tasks(swarm_engine, "orin-fleet"))
 
 
 def test_swarm_commands_on_an_engine_that_is_no_manager(device_engine) -> None:
     r = veo("deploy", "status", "fleet", "--swarm", "--to", device_engine.host)
-    assert r.returncode == 40 and "not a swarm manager" in r.stderr
+    assert r.returncode == 44 and "not a swarm manager" in r.stderr

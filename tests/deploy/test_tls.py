@@ -113,7 +113,7 @@ def test_deploy_over_mutual_tls_and_refusals(docker_engine, tls_engine, test_ima
 
     # the same engine without TLS material: refused before any connection is tried
     r = veo("deploy", test_images["v1"], "--to", url)
-    assert r.returncode == 42 and "refusing plain" in r.stderr and "--tls-ca" in r.stderr
+    assert r.returncode == 45 and "refusing plain" in r.stderr and "--tls-ca" in r.stderr
     # a CA that did not sign the engine's certificate: the engine is not trusted
     bad = ["--tls-ca", pki["other_ca"], "--tls-cert", pki["cert"], "--tls-key", pki["key"]]
     r = veo("deploy", "status", "tls-app", "--to", url, *bad)

@@ -47,6 +47,13 @@ def build(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
     json_out: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+    # --- container image (veo_edge/cli/image.py does the work)
+    target: str = typer.Option(None, "--target", "-t", help="Also make the image: orin, a100 or cpu."),
+    image: str = typer.Option(None, "--image", help="Image tag (default: veo-edge/MODEL:VERSION-TARGET)."),
+    save: Path = typer.Option(None, "--save", help="Also write the image to this file (docker save)."),
+    context_only: bool = typer.Option(False, "--context-only", help="Stop after the image's build context."),
+    base_image: str = typer.Option(None, "--base-image", help="Image base (default: the target's)."),
+    sign_key: Path = typer.Option(None, "--sign-key", help="Ed25519 PEM key signing the image manifest."),
 ) -> None:
     """Export a ViT to ONNX, prove it matches PyTorch, and write a build directory."""
     from veo_edge.errors import UsageError
@@ -63,6 +70,23 @@ def build(
         raise UsageError(
             "--checkpoint goes with --module or --model, not --onnx (the ONNX file has its weights)"
         )
+    image_flags = [
+        f
+        for f, v in (
+            ("--image", image),
+            ("--save", save),
+            ("--context-only", context_only),
+            ("--base-image", base_image),
+            ("--sign-key", sign_key),
+        )
+        if v
+    ]
+    if image_flags and target is None:
+        raise UsageError(f"{', '.join(image_flags)} need --target orin|a100|cpu")
+    if target is not None:
+        from veo_edge.targets import get_target
+
+        get_target(target)  # an unknown target fails before the export, not after
     shape = parse_input_shape(input_shape)
     if module is not None:
         source = ModuleSource(module, input_shape=shape, checkpoint=checkpoint)
@@ -87,6 +111,20 @@ def build(
         max_accuracy_drop=max_accuracy_drop,
     )
     result = run_build(opts)
+    if target is not None:
+        from veo_edge.cli.image import package
+
+        result.manifest["image"] = package(
+            result.path,
+            target,
+            image,
+            save,
+            context_only,
+            base_image,
+            sign_key,
+            force=force,
+            quiet=quiet or json_out,
+        )
     if json_out:
         print_json({"path": str(result.path), **result.manifest})
         return

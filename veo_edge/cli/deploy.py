@@ -117,10 +117,13 @@ def deploy(
     image = args[0]
     client = _address(to, tls_ca, tls_cert, tls_key).connect()
     local = local_engine()
+    pinned = {}
     if verify_key is not None:
         from veo_edge.deploy.verify import verify_image
 
-        verify_image(local, image, verify_key)
+        trust = verify_image(local, image, verify_key)
+        # the container's own entrypoint check then requires the same signer, not just the baked key
+        pinned = {"VEO_EDGE_TRUSTED_KEY": str(trust["signed_by"])}
     out = console(stderr=True)
     with _bar(out, f"transferring {image}", json_out) as tick:
         moved = transfer_image(local, client, image, registry, progress=tick)
@@ -132,7 +135,7 @@ def deploy(
         sopts = ServiceOptions(
             replicas=None if global_mode else (replicas or 1),
             port=port,
-            env=_env(env),
+            env={**_env(env), **pinned},
             memory=memory,
             cpus=cpus,
         )
@@ -142,7 +145,9 @@ def deploy(
             )
         report = result.to_dict()
     else:
-        ropts = RunOptions(port=port, selinux_type=selinux_type, memory=memory, cpus=cpus, env=_env(env))
+        ropts = RunOptions(
+            port=port, selinux_type=selinux_type, memory=memory, cpus=cpus, env={**_env(env), **pinned}
+        )
         with _status(out, f"waiting for {name} to be healthy", json_out) as note:
             result = deploy_container(
                 client, facts, name, ropts, timeout, lambda c, h, t: note(f"{c}: {h} ({t:.0f} s)")
@@ -244,7 +249,7 @@ def _k8s(
 ):
     from veo_edge.deploy import Workload, write_manifests
     from veo_edge.deploy.profiles import ImageFacts
-    from veo_edge.errors import DeployError, UsageError
+    from veo_edge.errors import DeployError, EngineUnreachableError, UsageError
 
     if name and len(images) > 1:
         raise UsageError("--name names one workload; leave it out with several images")
@@ -257,7 +262,7 @@ def _k8s(
 
             local = local or local_engine(timeout=10)
             facts = ImageFacts.read(local, image, target)
-        except DeployError:
+        except (DeployError, EngineUnreachableError):
             if target is None:
                 raise
         except Exception as e:  # docker.errors.ImageNotFound: render from --target alone

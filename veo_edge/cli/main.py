@@ -8,7 +8,19 @@ import sys
 import typer
 
 from veo_edge import __version__
-from veo_edge.cli import build, deploy, doctor, engine, healthcheck, infer, inspect, serve, soak, verify
+from veo_edge.cli import (
+    build,
+    deploy,
+    doctor,
+    engine,
+    healthcheck,
+    image,
+    infer,
+    inspect,
+    serve,
+    soak,
+    verify,
+)
 from veo_edge.cli._common import State, console, print_json
 
 app = typer.Typer(
@@ -47,6 +59,7 @@ inspect.register(app)
 deploy.register(app)
 soak.register(app)
 verify.register(app)
+image.register(app)
 
 #: exit code for a bug in veo-edge itself (sysexits' EX_SOFTWARE)
 INTERNAL_ERROR = 70

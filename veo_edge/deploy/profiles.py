@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from veo_edge.errors import UsageError
-
 #: labels veo-edge images carry (see veo_edge/packaging); absent labels fall back to the defaults below
 LABEL_TARGET = "io.veo-edge.target"
 LABEL_MODEL = "io.veo-edge.model.name"
@@ -34,26 +32,17 @@ class GpuRun:
     k8s_gpu_resource: str | None = None
 
 
-_GPU_RUN: dict[str, GpuRun] = {
-    "orin": GpuRun(runtime="nvidia", k8s_runtime_class="nvidia", k8s_gpu_resource="nvidia.com/gpu"),
-    "a100": GpuRun(device_requests=True, k8s_runtime_class="nvidia", k8s_gpu_resource="nvidia.com/gpu"),
-    "cpu": GpuRun(),
-}
-
-
 def gpu_run(target: str) -> GpuRun:
-    try:
-        from veo_edge import targets  # the device-class table, when this build has it
-    except ImportError:
-        targets = None
-    if targets is not None and hasattr(targets, "get_target"):
-        t = targets.get_target(target)
-        run = getattr(t, "gpu_run", None)
-        if isinstance(run, GpuRun):
-            return run
-    if target not in _GPU_RUN:
-        raise UsageError(f"unknown target {target!r}; choose one of: {', '.join(_GPU_RUN)}")
-    return _GPU_RUN[target]
+    """The GPU options of device class ``target`` (:mod:`veo_edge.targets`); unknown: a usage error."""
+    from veo_edge.targets import get_target
+
+    t = get_target(target)
+    return GpuRun(
+        runtime=t.gpu_runtime,
+        device_requests=t.gpu_device_request,
+        k8s_runtime_class="nvidia" if t.has_gpu else None,
+        k8s_gpu_resource="nvidia.com/gpu" if t.has_gpu else None,
+    )
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from veo_edge.errors import DeployError
-
 
 def verify_image(client: Any, ref: str, public_key: Path) -> dict[str, Any]:
-    """Verify ``ref``'s signed manifest on ``client`` with ``public_key``; raise when it does not verify."""
-    try:
-        from veo_edge.packaging import verify as packaging_verify
-    except ImportError as e:
-        raise DeployError(
-            f"--verify-key needs image verification (veo_edge.packaging), which this installation lacks: {e}"
-        ) from e
-    return packaging_verify.verify_image(client, ref, Path(public_key))
+    """Verify ``ref``'s files and signed manifest on ``client`` against ``public_key`` (a PEM public key
+    or a ``sha256:`` fingerprint); raises :class:`~veo_edge.errors.ImageTrustError` when they do not."""
+    from veo_edge.packaging.image import verify_image as verify_packaged
+
+    return verify_packaged(ref, trusted_key=str(public_key), client=client)

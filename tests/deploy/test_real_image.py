@@ -1,0 +1,72 @@
+"""The real veo-edge cpu image (vit-nano, signed) deployed onto the "device" engine: its signature is
+verified first, it is transferred, becomes healthy and answers a tritonclient inference that matches the
+build's canary; a release that never becomes healthy is rolled back and the first release still answers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from tests.cli.test_cli import veo
+from tests.deploy.conftest import free_port
+
+
+def _infer_matches_canary(port: int, build) -> bool:
+    import tritonclient.http as httpclient
+
+    from veo_edge.builddir import BuildDir
+    from veo_edge.export.canary import compare_canary
+    from veo_edge.serve.health import load_canary
+
+    canary = load_canary(BuildDir.open(build))
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{port}")
+    meta = client.get_model_metadata("vit-nano")
+    inp = httpclient.InferInput(meta["inputs"][0]["name"], list(canary.input.shape), "FP32")
+    inp.set_data_from_numpy(canary.input.astype(np.float32))
+    out = client.infer("vit-nano", [inp]).as_numpy(meta["outputs"][0]["name"])
+    return compare_canary(out, canary).ok
+
+
+def test_the_real_image_deploys_answers_and_survives_a_bad_release(
+    cpu_image, device_engine, test_images
+) -> None:
+    from veo_edge.packaging import signing
+
+    name, port = "vit-nano-e2e", free_port()
+    host_env = {"DOCKER_HOST": cpu_image.engine.host}
+    pub = cpu_image.work / "sign.pub.pem"
+    pub.write_bytes(signing.public_pem(signing.load_private_key(cpu_image.key).public_key()))
+    env = ["-e", "VEO_EDGE_HOST=127.0.0.1", "-e", f"VEO_EDGE_GRPC_PORT={free_port()}"]
+    try:
+        r = veo("deploy", cpu_image.built.tag, "--to", device_engine.host, "--name", name, "--port", port,
+                "--timeout", "300", "--verify-key", pub, *env, "--json", env=host_env, timeout=600)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        report = json.loads(r.stdout)
+        assert report["transfer"]["method"] == "stream"
+        inspect = json.loads(device_engine.docker("inspect", name).stdout)[0]
+        assert inspect["State"]["Health"]["Status"] == "healthy"
+        assert inspect["HostConfig"]["ReadonlyRootfs"] and inspect["Config"]["User"] == "10001:10001"
+        assert any(e.startswith("VEO_EDGE_TRUSTED_KEY=sha256:") for e in inspect["Config"]["Env"])
+        assert _infer_matches_canary(port, cpu_image.build)
+
+        # a release that never becomes healthy: rolled back, the first one answers again
+        r = veo("deploy", test_images["unhealthy"], "--to", device_engine.host, "--name", name, "--port", port,
+                "--timeout", "60", env={"DOCKER_HOST": cpu_image.engine.host}, timeout=600)  # fmt: skip
+        assert r.returncode == 46, r.stderr
+        assert "rolled back to the previous release veo-edge/vit-nano:test-cpu" in r.stderr
+        assert _infer_matches_canary(port, cpu_image.build)
+
+        # a key that did not sign the image: refused before anything is transferred or stopped
+        from tests.support.images import ed25519_pem
+
+        other = ed25519_pem(cpu_image.work / "other.pem")
+        other_pub = cpu_image.work / "other.pub.pem"
+        other_pub.write_bytes(signing.public_pem(signing.load_private_key(other).public_key()))
+        r = veo("deploy", cpu_image.built.tag, "--to", device_engine.host, "--name", name,
+                "--verify-key", other_pub, env=host_env, timeout=300)  # fmt: skip
+        assert r.returncode == 43 and "not by the trusted key" in r.stderr, r.stderr
+        assert json.loads(device_engine.docker("inspect", name).stdout)[0]["State"]["Running"]
+    finally:
+        for n in (name, f"{name}-previous", f"{name}-outgoing"):
+            device_engine.docker("rm", "-f", n, check=False)

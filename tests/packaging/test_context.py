@@ -1,0 +1,210 @@
+"""Build contexts without an engine: the orin and a100 contexts (their NVIDIA base images cannot be
+pulled here, so they are checked as contexts: Dockerfile, build args, plugins, SELinux module, SBOM,
+lock, file index), the errors a user meets before any engine is involved, and the CLI wiring."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from veo_edge.builddir import sha256_file
+from veo_edge.errors import (
+    EngineUnreachableError,
+    OutputExistsError,
+    PackagingError,
+    UsageError,
+    VeoEdgeError,
+)
+from veo_edge.packaging import selinux
+from veo_edge.packaging.context import CONTEXT_MANIFEST, ContextOptions, assemble_context
+from veo_edge.targets import TARGETS, get_target
+
+REPO = Path(__file__).resolve().parents[2]
+SELINUX_PP_MAGIC = 0xF97CFF8F  # a policy package starts with this (libsepol's SEPOL_MODULE_PACKAGE_MAGIC)
+
+
+@pytest.fixture(scope="module")
+def selinux_tools() -> None:
+    if not (shutil.which("checkmodule") and shutil.which("semodule_package")):
+        pytest.skip("checkmodule/semodule_package not installed (apt-get install checkpolicy semodule-utils)")
+
+
+def _veo(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    code = f"from veo_edge.cli.main import main; main({list(args)!r})"
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
+
+
+@pytest.mark.parametrize("name", ["orin", "a100"])
+def test_gpu_contexts(name: str, nano_build: Path, tmp_path: Path, selinux_tools) -> None:
+    t = get_target(name)
+    ctx = assemble_context(
+        ContextOptions(build_dir=nano_build, target=t, out=tmp_path / "ctx", download_wheels=False)
+    )
+    p = ctx.path
+    assert (p / "Dockerfile").read_bytes() == (REPO / t.dockerfile).read_bytes()
+    args = json.loads((p / "build-args.json").read_text())
+    assert args["stage"] == t.stage and args["platform"] == t.platform
+    ba = args["build_args"]
+    assert ba["CUDA_ARCHS"] == {"orin": "87", "a100": "80"}[name]
+    assert ba["BASE_IMAGE"].startswith("nvcr.io/nvidia/") and ba["BUILDER_IMAGE"].startswith(
+        "nvcr.io/nvidia/"
+    )
+    assert ba["TENSORRT_VERSION"] == "10.3" and ba["CUDA_VERSION"] == "12.6"
+    assert ba["JETPACK_VERSION"] == ("6.1" if name == "orin" else "none")
+    assert ba["MODEL_NAME"] == "vit-nano"
+    build_manifest = json.loads((nano_build / "manifest.json").read_text())
+    assert ba["MODEL_SHA256"] == build_manifest["artifacts"]["onnx"]["sha256"]
+    assert ctx.labels["io.veo-edge.model.sha256"] == ba["MODEL_SHA256"]
+    # the builder stage compiles plugins/ from the context; the plugin sources are there, tests are not
+    assert (p / "plugins" / "CMakeLists.txt").is_file() and not (p / "plugins" / "tests").exists()
+    # the baked app: build directory, entrypoint, healthcheck, SELinux module, SBOM, lock
+    app = p / "app"
+    assert json.loads((app / "model" / "manifest.json").read_text()) == build_manifest
+    assert (app / "bin" / "entrypoint.sh").stat().st_mode & 0o111
+    assert (app / "healthcheck" / "healthcheck.sh").stat().st_mode & 0o111
+    pp = (app / "selinux" / "veo_edge.pp").read_bytes()
+    assert struct.unpack("<I", pp[:4])[0] == SELINUX_PP_MAGIC
+    lock = (app / "requirements.lock").read_text()
+    assert "veo-edge==" in lock and "--hash=sha256:" in lock and "torch" not in lock
+    sbom = json.loads((app / "sbom.cdx.json").read_text())
+    assert sbom["bomFormat"] == "CycloneDX" and sbom["metadata"]["component"]["name"] == "veo-edge"
+    assert "veo-edge" in {c["name"] for c in sbom["components"]}
+    assert (p / "sbom.cdx.json").read_bytes() == (app / "sbom.cdx.json").read_bytes()
+    # the file index next to the context covers every file in it
+    index = json.loads((p / CONTEXT_MANIFEST).read_text())["files"]
+    on_disk = {str(f.relative_to(p)) for f in p.rglob("*") if f.is_file() and f.name != CONTEXT_MANIFEST}
+    assert set(index) == on_disk
+    for rel in ("app/model/model.onnx", "Dockerfile", "app/selinux/veo_edge.pp"):
+        assert index[rel]["sha256"] == sha256_file(p / rel)
+
+
+def test_runtime_packages_carry_no_torch_or_exporter_and_cpu_no_onnxruntime() -> None:
+    for t in TARGETS.values():
+        assert not {"torch", "onnxscript", "onnx-graphsurgeon", "cmake"} & set(t.runtime_packages)
+    cpu = get_target("cpu")
+    assert "openvino" in cpu.runtime_packages and not cpu.has_gpu
+    assert not {"onnx", "onnxruntime", "onnxruntime-gpu", "nvidia-ml-py"} & set(cpu.runtime_packages)
+    assert "onnxruntime-gpu" in get_target("a100").runtime_packages
+    assert get_target("orin").gpu_run_args == ("--runtime", "nvidia")
+    assert get_target("a100").gpu_device_request
+
+
+def test_unknown_target_names_the_choices() -> None:
+    with pytest.raises(UsageError, match="unknown target 'h100'; choose one of: orin, a100, cpu"):
+        get_target("h100")
+
+
+def test_existing_context_needs_force_and_a_failed_assembly_leaves_nothing(
+    nano_build: Path, copy_build, tmp_path: Path, selinux_tools
+) -> None:
+    out = tmp_path / "ctx"
+    opts = ContextOptions(build_dir=nano_build, target=get_target("a100"), out=out, download_wheels=False)
+    assemble_context(opts)
+    with pytest.raises(OutputExistsError, match="pass --force"):
+        assemble_context(opts)
+    # a build that does not match its own manifest is never baked, and leaves no context behind
+    bad = copy_build(nano_build)
+    data = bytearray((bad / "model.onnx").read_bytes())
+    data[-1] ^= 0xFF
+    (bad / "model.onnx").write_bytes(bytes(data))
+    with pytest.raises(VeoEdgeError, match=r"model\.onnx"):
+        assemble_context(ContextOptions(build_dir=bad, target=get_target("cpu"), out=tmp_path / "bad"))
+    assert not (tmp_path / "bad").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bad")]
+
+
+def test_selinux_module_compiles_and_a_broken_policy_is_a_clear_error(
+    tmp_path: Path, monkeypatch, selinux_tools
+) -> None:
+    pp = selinux.compile_module(tmp_path / "ok")
+    assert struct.unpack("<I", pp.read_bytes()[:4])[0] == SELINUX_PP_MAGIC
+    fake = tmp_path / "src"
+    shutil.copytree(REPO / "packaging" / "selinux", fake / "packaging" / "selinux")
+    te = fake / "packaging" / "selinux" / "veo_edge.te"
+    te.write_text(te.read_text().replace("type veo_edge_t;", "type veo_edge_t"))
+    monkeypatch.setattr(selinux, "source_root", lambda: fake)
+    with pytest.raises(PackagingError, match="checkmodule failed"):
+        selinux.compile_module(tmp_path / "broken")
+
+
+def test_no_engine_is_one_line_naming_docker_host(tmp_path: Path) -> None:
+    from veo_edge.packaging.image import connect
+
+    sock = f"unix://{tmp_path}/no-docker.sock"
+    import os
+
+    old = os.environ.get("DOCKER_HOST")
+    os.environ["DOCKER_HOST"] = sock
+    try:
+        with pytest.raises(EngineUnreachableError, match=f"no Docker engine answers at DOCKER_HOST={sock}"):
+            connect()
+    finally:
+        if old is None:
+            os.environ.pop("DOCKER_HOST")
+        else:
+            os.environ["DOCKER_HOST"] = old
+    r = _veo("image", "build", "/nonexistent", "--target", "cpu", env={"DOCKER_HOST": sock})
+    assert r.returncode == EngineUnreachableError.exit_code, r.stderr
+    assert "DOCKER_HOST" in r.stderr and "--context-only" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_build_image_flags_need_a_target_and_a_bad_target_fails_before_the_export() -> None:
+    r = _veo("build", "--model", "vit-nano", "--image", "x:1")
+    assert r.returncode == UsageError.exit_code and "--image need --target" in r.stderr
+    r = _veo("build", "--model", "vit-nano", "--target", "tpu")
+    assert r.returncode == UsageError.exit_code and "unknown target 'tpu'" in r.stderr
+
+
+def test_runtime_pins_follow_this_machine_only_for_its_own_python() -> None:
+    from importlib import metadata
+
+    from veo_edge.packaging.wheelhouse import runtime_requirements
+
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    same = [t for t in TARGETS.values() if t.python == here]
+    other = [t for t in TARGETS.values() if t.python != here]
+    for t in same:
+        reqs = runtime_requirements(t)
+        assert f"numpy=={metadata.version('numpy')}" in reqs
+    for t in other:
+        # e.g. numpy 2.3+ has no Python 3.10 wheels: the target's Python picks its own versions
+        assert runtime_requirements(t) == list(t.runtime_packages)
+
+
+def test_build_with_target_context_only_makes_the_build_and_its_context(
+    tmp_path: Path, selinux_tools
+) -> None:
+    """`veo-edge build --target cpu --context-only`: the build directory, then the cpu context beside it
+    (real wheel downloads for the image's platform and Python)."""
+    out = tmp_path / "vit-nano"
+    r = _veo("build", "--model", "vit-nano", "--out", str(out), "--target", "cpu", "--context-only", "--json",
+             env={"DOCKER_HOST": f"unix://{tmp_path}/none.sock"})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    made = json.loads(r.stdout)
+    ctx = tmp_path / "vit-nano.image-cpu"
+    assert made["image"]["context"] == str(ctx) and made["image"]["build_args"]["TARGET"] == "cpu"
+    assert json.loads((ctx / "app" / "model" / "manifest.json").read_text())["model"]["name"] == "vit-nano"
+    assert (ctx / "Dockerfile").read_bytes() == (REPO / "packaging" / "Dockerfile").read_bytes()
+    assert not (ctx / "plugins").exists(), "the cpu image compiles nothing"
+    wheels = {w.name.split("-")[0].lower() for w in (ctx / "wheels").glob("*.whl")}
+    assert {"openvino", "numpy", "veo_edge", "securesystemslib", "cryptography"} <= wheels
+    assert not {"torch", "onnx", "onnxruntime", "onnx_graphsurgeon", "setuptools", "pip"} & wheels
+    # every wheel is pinned by its sha256 in the lock the image installs from
+    lock = (ctx / "wheels" / "requirements.lock").read_text()
+    for w in (ctx / "wheels").glob("*.whl"):
+        assert f"--hash=sha256:{sha256_file(w)}" in lock
+
+
+def test_sign_key_that_is_not_a_file_is_a_usage_error(nano_build: Path, tmp_path: Path) -> None:
+    r = _veo("image", "build", str(nano_build), "--target", "cpu", "--sign-key", str(tmp_path / "nope.pem"))
+    assert r.returncode == UsageError.exit_code and "is not a file" in r.stderr

@@ -1,0 +1,197 @@
+"""End to end with a real Docker engine (tests/support/dockerd.py): the cpu image of vit-nano on the
+local Debian base, built once per session through the Docker SDK and signed; run with --read-only and
+host networking on a free port until Docker reports it healthy; a tritonclient inference reproduces the
+build's canary; a derived image with one byte of a model file changed refuses to start."""
+
+from __future__ import annotations
+
+import json
+import socket
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.support.images import TAG, ed25519_pem
+from veo_edge.errors import ImageTrustError
+
+MAX_IMAGE_BYTES = 500 * 1000 * 1000  # the issue's target for the cpu image
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(engine, name: str, timeout: float = 240.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = json.loads(engine.docker("inspect", "-f", "{{json .State}}", name).stdout)
+        health = (state.get("Health") or {}).get("Status")
+        if health == "healthy":
+            return health
+        if not state["Running"]:
+            logs = engine.docker("logs", name, check=False)
+            pytest.fail(f"container exited {state['ExitCode']}: {logs.stdout[-800:]} {logs.stderr[-800:]}")
+        time.sleep(1.0)
+    logs = engine.docker("logs", name, check=False)
+    pytest.fail(f"not healthy within {timeout:.0f} s (health {health}): {logs.stderr[-800:]}")
+
+
+def _run_detached(engine, image: str, name: str, port: int, *env: str) -> None:
+    args = ["run", "-d", "--name", name, "--read-only", "--tmpfs", "/cache:rw,uid=10001,gid=10001"]
+    args += ["--network", "host", "-e", f"VEO_EDGE_PORT={port}", "-e", "VEO_EDGE_HOST=127.0.0.1"]
+    args += ["-e", f"VEO_EDGE_GRPC_PORT={_free_port()}"]  # host networking: never Triton's fixed 8001
+    for e in env:
+        args += ["-e", e]
+    engine.docker(*args, image)
+
+
+def _infer_canary(port: int, build: Path):
+    import tritonclient.http as httpclient
+
+    from veo_edge.builddir import BuildDir
+    from veo_edge.export.canary import compare_canary
+    from veo_edge.serve.health import load_canary
+
+    canary = load_canary(BuildDir.open(build))
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{port}")
+    meta = client.get_model_metadata("vit-nano")
+    inp = httpclient.InferInput(meta["inputs"][0]["name"], list(canary.input.shape), "FP32")
+    inp.set_data_from_numpy(canary.input.astype(np.float32))
+    out = client.infer("vit-nano", [inp]).as_numpy(meta["outputs"][0]["name"])
+    return compare_canary(out, canary)
+
+
+def test_image_labels_user_healthcheck_size(cpu_image) -> None:
+    from veo_edge.packaging.image import LABEL_KEY, LABEL_MANIFEST
+
+    attrs = cpu_image.client.images.get(TAG).attrs
+    labels, config = attrs["Config"]["Labels"], attrs["Config"]
+    build_manifest = json.loads((cpu_image.build / "manifest.json").read_text())
+    assert labels["io.veo-edge.model.name"] == "vit-nano"
+    assert labels["io.veo-edge.model.sha256"] == build_manifest["artifacts"]["onnx"]["sha256"]
+    assert labels["io.veo-edge.target"] == "cpu" and labels["io.veo-edge.precision"] == "fp32"
+    assert labels["org.opencontainers.image.version"] == cpu_image.ctx.build_args["VEO_EDGE_VERSION"]
+    for key in ("cuda", "tensorrt", "jetpack"):
+        assert labels[f"io.veo-edge.{key}.version"] == "none"
+    assert labels[LABEL_KEY] == cpu_image.built.manifest["signing_key"]
+    assert len(labels[LABEL_MANIFEST]) == 64
+    assert config["User"] == "10001:10001"
+    assert config["Healthcheck"]["Test"] == ["CMD", "/opt/veo-edge/healthcheck/healthcheck.sh"]
+    assert config["Entrypoint"] == ["/opt/veo-edge/bin/entrypoint.sh"]
+    assert attrs["Size"] <= MAX_IMAGE_BYTES, f"cpu image is {attrs['Size'] / 1e6:.0f} MB"
+    # the manifest covers the venv, the model, the scripts, the SELinux module and the SBOM
+    files = cpu_image.built.manifest["files"]
+    for rel in ("model/openvino/model.bin", "bin/entrypoint.sh", "healthcheck/healthcheck.sh",
+                "selinux/veo_edge.pp", "sbom.cdx.json", "requirements.lock"):  # fmt: skip
+        assert rel in files
+    assert any(p.startswith("venv/lib/python3.11/site-packages/openvino/") for p in files)
+    assert not any("torch" in p.split("/")[:5] for p in files)
+    # next to the image: the same manifest, signature and key
+    inside = json.dumps(cpu_image.built.manifest, sort_keys=True)
+    assert (
+        json.dumps(json.loads((cpu_image.ctx.path / "image-manifest.json").read_text()), sort_keys=True)
+        == inside
+    )
+    assert (cpu_image.ctx.path / "image-manifest.dsse.json").is_file()
+    # the build output was streamed into the progress display
+    assert any(line.startswith("Step ") for line in cpu_image.log)
+
+
+def test_read_only_container_gets_healthy_and_serves_the_canary(cpu_image) -> None:
+    engine, port, name = cpu_image.engine, _free_port(), "veo-test-cpu"
+    _run_detached(engine, TAG, name, port)
+    try:
+        _wait_healthy(engine, name)
+        result = _infer_canary(port, cpu_image.build)
+        assert result.ok, result
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=10) as r:
+            ready = json.loads(r.read())
+        assert ready["ready"] and ready["active_backend"] == "openvino"
+        logs = engine.docker("logs", name)
+        out = logs.stdout + logs.stderr
+        assert "every sha256 matches the image manifest; signed by sha256:" in out
+        assert "serving with OpenVINO on the CPU" in out
+    finally:
+        engine.docker("rm", "-f", name, check=False)
+
+
+def test_gpu_entrypoint_without_a_gpu_falls_back_to_openvino_and_says_so(cpu_image) -> None:
+    """The entrypoint's GPU-target path, on a machine without a GPU: it says it falls back, and the
+    readiness body names the CPU backend and why the GPU ones were skipped."""
+    engine, port, name = cpu_image.engine, _free_port(), "veo-test-nogpu"
+    _run_detached(engine, TAG, name, port, "VEO_EDGE_TARGET=a100")
+    try:
+        _wait_healthy(engine, name)
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=10) as r:
+            ready = json.loads(r.read())
+        assert ready["active_backend"] == "openvino"
+        assert {s["backend"] for s in ready["fallback"]["skipped"]} >= {"tensorrt"}
+        logs = engine.docker("logs", name)
+        assert "FALLBACK: no GPU visible in this container" in logs.stderr
+    finally:
+        engine.docker("rm", "-f", name, check=False)
+
+
+def test_one_changed_byte_in_a_model_file_refuses_to_start(cpu_image, tmp_path: Path) -> None:
+    from veo_edge.packaging.image import verify_image
+
+    engine = cpu_image.engine
+    data = bytearray((cpu_image.build / "openvino" / "model.bin").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (tmp_path / "model.bin").write_bytes(bytes(data))
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {TAG}\nCOPY model.bin /opt/veo-edge/model/openvino/model.bin\n"
+    )
+    tampered = "veo-edge/vit-nano:test-tampered"
+    engine.docker("build", "-q", "-t", tampered, str(tmp_path))
+    try:
+        r = engine.docker(
+            "run", "--rm", "--read-only", "--network", "none", tampered, check=False, timeout=120
+        )
+        assert r.returncode == 65, r.stdout + r.stderr
+        assert "REFUSING TO START" in r.stderr
+        assert "model/openvino/model.bin has sha256" in r.stderr
+        assert "veo-edge serving" not in r.stdout + r.stderr
+        with pytest.raises(ImageTrustError, match=r"model/openvino/model.bin has sha256"):
+            verify_image(tampered, client=cpu_image.client)
+    finally:
+        engine.docker("rmi", "-f", tampered, check=False)
+
+
+def test_verify_from_outside_pins_the_key(cpu_image, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from veo_edge.packaging import signing
+    from veo_edge.packaging.image import verify_image
+
+    pub = signing.load_private_key(cpu_image.key).public_key()
+    report = verify_image(TAG, trusted_key=signing.fingerprint(pub), client=cpu_image.client)
+    assert report["ok"] and report["signed_by"] == signing.fingerprint(pub)
+    other = signing.fingerprint(signing.load_private_key(ed25519_pem(tmp_path / "other.pem")).public_key())
+    code = "from veo_edge.cli.main import main; import sys; main(sys.argv[1:])"
+    env = cpu_image.engine.env
+    ok = subprocess.run([sys.executable, "-c", code, "verify", TAG], env=env, capture_output=True, text=True)
+    assert ok.returncode == 0 and "every sha256 matches" in ok.stdout, ok.stderr
+    bad = subprocess.run([sys.executable, "-c", code, "verify", TAG, "--key", other], env=env,
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == ImageTrustError.exit_code and "not by the trusted key" in bad.stderr
+
+
+def test_save_names_the_image_so_docker_load_restores_its_tag(cpu_image, tmp_path: Path) -> None:
+    from veo_edge.packaging.image import save_image
+
+    out = save_image(cpu_image.client, TAG, tmp_path / "img.tar", lambda _m: None)
+    with tarfile.open(out) as tar:
+        index = json.loads(tar.extractfile("manifest.json").read())
+    assert index[0]["RepoTags"] == [TAG]
+    assert not list(tmp_path.glob(".img.tar.part-*"))

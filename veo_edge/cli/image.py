@@ -1,0 +1,109 @@
+"""``veo-edge image build``: the container image of a build (also ``veo-edge build --target``). Images
+are verified by ``veo-edge verify IMAGE`` (cli/verify.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from veo_edge.cli._common import console, print_json
+
+app = typer.Typer(
+    help="Container images of a build (verify them with `veo-edge verify IMAGE`).", no_args_is_help=True
+)
+
+
+def package(
+    build_dir: Path,
+    target: str,
+    image: str | None = None,
+    save: Path | None = None,
+    context_only: bool = False,
+    base_image: str | None = None,
+    sign_key: Path | None = None,
+    out: Path | None = None,
+    force: bool = False,
+    quiet: bool = False,
+) -> dict:
+    """Assemble the context for ``target`` next to ``build_dir`` and, unless ``context_only``, build the
+    image; prints progress and a summary, returns what was made."""
+    from veo_edge.errors import UsageError
+    from veo_edge.packaging.context import ContextOptions, assemble_context
+    from veo_edge.targets import get_target
+
+    if context_only and (image or save):
+        raise UsageError("--context-only stops before the engine; it cannot be combined with --image/--save")
+    c = console()
+
+    def say(msg: str) -> None:
+        if not quiet:
+            c.print(msg, style="dim", soft_wrap=True, markup=False, highlight=False)
+
+    if sign_key is not None and not Path(sign_key).is_file():
+        raise UsageError(f"--sign-key {sign_key} is not a file; pass an Ed25519 PEM private key")
+    if not context_only:
+        from veo_edge.packaging.image import connect
+
+        client = connect()  # before minutes of assembly: no engine is a one-line error now
+    ctx = assemble_context(
+        ContextOptions(
+            build_dir=build_dir, target=get_target(target), out=out, base_image=base_image, force=force
+        ),
+        progress=say,
+    )
+    result = {"context": str(ctx.path), "target": target, "build_args": ctx.build_args}
+    if context_only:
+        if not quiet:
+            c.print(
+                f"[bold green]Image context[/] for {target} -> {ctx.path} (docker build --target {ctx.stage})"
+            )
+        return result
+    from veo_edge.packaging.image import build_image
+
+    built = build_image(ctx, tag=image, sign_key=sign_key, save=save, progress=say, client=client)
+    result.update(
+        image=built.tag,
+        id=built.id,
+        size_bytes=built.size,
+        saved=str(built.saved) if built.saved else None,
+        signed_by=built.manifest.get("signing_key"),
+        files=len(built.manifest["files"]),
+    )
+    if not quiet:
+        c.print(
+            f"[bold green]Image[/] {built.tag} ({built.size / 1e6:.0f} MB, {len(built.manifest['files'])} files in "
+            f"the manifest, {'signed by ' + built.manifest['signing_key'] if 'signing_key' in built.manifest else 'unsigned'})"
+        )
+        if built.saved:
+            c.print(f"  saved to {built.saved} (docker load -i {built.saved})")
+        c.print(f"  context, SBOM and manifest: {ctx.path}")
+    return result
+
+
+@app.command("build")
+def build_command(
+    build_dir: Path = typer.Argument(..., help="A build directory made by `veo-edge build`."),
+    target: str = typer.Option(..., "--target", "-t", help="orin, a100 or cpu."),
+    image: str = typer.Option(None, "--image", help="Image tag (default: veo-edge/MODEL:VERSION-TARGET)."),
+    save: Path = typer.Option(None, "--save", help="Also write the image to this file (docker save)."),
+    context_only: bool = typer.Option(False, "--context-only", help="Assemble the build context only."),
+    base_image: str = typer.Option(None, "--base-image", help="Runtime base image (default: the target's)."),
+    sign_key: Path = typer.Option(None, "--sign-key", help="Ed25519 PEM private key signing the manifest."),
+    out: Path = typer.Option(
+        None, "--context-dir", help="Where the context goes (default: BUILD.image-TARGET)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Replace an existing context directory."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
+    json_out: bool = typer.Option(False, "--json", help="Print what was made as JSON."),
+) -> None:
+    """Build the container image of an existing build directory for a target."""
+    result = package(
+        build_dir, target, image, save, context_only, base_image, sign_key, out, force, quiet or json_out
+    )
+    if json_out:
+        print_json(result)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="image")

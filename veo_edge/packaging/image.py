@@ -1,0 +1,225 @@
+"""Building, sealing, saving and verifying images through the Docker SDK (``docker`` from PyPI).
+
+An image is made in two builds: the context's Dockerfile (the engine's output streamed line by line into
+the progress display), then a last layer, ``trust/``, with the manifest of every file the first build
+baked under ``/opt/veo-edge`` (read back from the engine), its DSSE signature and the public key, and
+the labels that name the manifest's sha256 and the key's fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from veo_edge.errors import EngineUnreachableError, ImageBuildError, ImageTrustError, PackagingError
+from veo_edge.packaging import manifest as im
+from veo_edge.packaging import signing
+from veo_edge.packaging.context import Context
+
+Progress = Callable[[str], None]
+ENGINE_HINT = (
+    "start a Docker engine, set DOCKER_HOST to one, or pass --context-only to stop before the engine"
+)
+LABEL_MANIFEST = "io.veo-edge.manifest.sha256"
+LABEL_KEY = "io.veo-edge.signing-key.fingerprint"
+
+
+def connect(timeout: int = 600):
+    """A Docker SDK client for DOCKER_HOST (or the default socket), checked with a ping."""
+    try:
+        import docker
+    except ImportError as e:
+        raise PackagingError(
+            "the Docker SDK is not installed; image builds need it: pip install 'veo-edge[image]'"
+        ) from e
+    where = (
+        f"DOCKER_HOST={os.environ['DOCKER_HOST']}"
+        if os.environ.get("DOCKER_HOST")
+        else ("the default socket (DOCKER_HOST is not set)")
+    )
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+    except docker.errors.DockerException as e:
+        raise EngineUnreachableError(f"no Docker engine answers at {where} ({e}); {ENGINE_HINT}") from e
+    return client
+
+
+def default_tag(ctx: Context) -> str:
+    return f"veo-edge/{ctx.model['name']}:{ctx.build_args['VEO_EDGE_VERSION']}-{ctx.target.name}"
+
+
+def _stream(chunks, say: Progress, what: str) -> str:
+    """Follow the engine's build output; the image id, or an ImageBuildError with the last lines."""
+    tail: list[str] = []
+    image_id = None
+    for chunk in chunks:
+        if "error" in chunk:
+            detail = chunk.get("errorDetail", {}).get("message") or chunk["error"]
+            last = " | ".join(tail[-4:])
+            raise ImageBuildError(f"{what} failed: {detail.strip()} (last output: {last})")
+        for line in chunk.get("stream", "").splitlines():
+            if line.strip():
+                tail.append(line.strip())
+                say(line.strip())
+        aux = chunk.get("aux")
+        if isinstance(aux, dict) and "ID" in aux:
+            image_id = aux["ID"]
+    if image_id is None:
+        raise ImageBuildError(
+            f"{what}: the engine reported no image id (last output: {' | '.join(tail[-4:])})"
+        )
+    return image_id
+
+
+def _read_root(client, image: str) -> tuple[dict[str, im.Entry], dict[str, bytes]]:
+    """``/opt/veo-edge`` of ``image``, read through a created (never started) container."""
+    import docker
+
+    try:
+        container = client.containers.create(image, entrypoint=["/bin/true"], network_disabled=True)
+    except docker.errors.ImageNotFound as e:
+        raise ImageTrustError(f"image {image} is not in the engine; build or `docker load` it first") from e
+    try:
+        bits, _ = container.get_archive(im.IMAGE_ROOT)
+        return im.scan_tar(bits, Path(im.IMAGE_ROOT).name)
+    except docker.errors.NotFound as e:
+        raise ImageTrustError(f"image {image} has no {im.IMAGE_ROOT}; it is not a veo-edge image") from e
+    finally:
+        container.remove(force=True)
+
+
+@dataclass
+class BuiltImage:
+    tag: str
+    id: str
+    size: int
+    manifest: dict[str, Any]
+    labels: dict[str, str]
+    saved: Path | None = None
+
+
+def build_image(
+    ctx: Context,
+    tag: str | None = None,
+    sign_key: Path | None = None,
+    save: Path | None = None,
+    progress: Progress | None = None,
+    client=None,
+) -> BuiltImage:
+    """Build ``ctx`` into ``tag``, seal it with the (signed) manifest, optionally ``docker save`` it."""
+    import docker
+
+    say = progress or (lambda _m: None)
+    private = signing.load_private_key(sign_key) if sign_key is not None else None  # fail before building
+    client = client or connect()
+    tag = tag or default_tag(ctx)
+    say(f"image: building {tag} (stage {ctx.stage}) with the engine at {client.api.base_url}")
+    try:
+        first = _stream(
+            client.api.build(
+                path=str(ctx.path),
+                dockerfile="Dockerfile",
+                target=ctx.stage,
+                buildargs=ctx.build_args,
+                rm=True,
+                forcerm=True,
+                pull=False,
+                decode=True,
+            ),
+            say,
+            f"docker build of {ctx.path}",
+        )
+        say("image: manifest of every file baked under /opt/veo-edge")
+        entries, _ = _read_root(client, first)
+        info = {
+            "target": ctx.target.name,
+            "model": ctx.model,
+            "veo_edge_version": ctx.build_args["VEO_EDGE_VERSION"],
+            "base_image": ctx.build_args["BASE_IMAGE"],
+            "build_args": ctx.build_args,
+        }
+        if private is not None:
+            info["signing_key"] = signing.fingerprint(private.public_key())
+        raw = im.make_manifest(entries, info)
+        with tempfile.TemporaryDirectory(prefix="veo-seal-") as tmp:
+            trust = Path(tmp) / "trust"
+            trust.mkdir()
+            (trust / Path(im.MANIFEST_FILE).name).write_bytes(raw)
+            seal_labels = {LABEL_MANIFEST: hashlib.sha256(raw).hexdigest()}
+            if private is not None:
+                say(f"image: signing the manifest (DSSE, Ed25519, key {info['signing_key']})")
+                envelope = signing.sign(raw, private)
+                (trust / Path(im.SIGNATURE_FILE).name).write_text(json.dumps(envelope, indent=1) + "\n")
+                (trust / Path(im.PUBKEY_FILE).name).write_bytes(signing.public_pem(private.public_key()))
+                seal_labels[LABEL_KEY] = info["signing_key"]
+            for p in trust.iterdir():
+                p.chmod(0o644)
+            label_lines = " \\\n      ".join(f'{k}="{v}"' for k, v in seal_labels.items())
+            (Path(tmp) / "Dockerfile").write_text(
+                f"FROM {first}\nCOPY trust {im.IMAGE_ROOT}/trust\nLABEL {label_lines}\n"
+            )
+            final = _stream(
+                client.api.build(path=tmp, tag=tag, rm=True, forcerm=True, pull=False, decode=True),
+                say,
+                "sealing the image (trust layer)",
+            )
+            for p in trust.iterdir():  # next to the image as well as inside it
+                shutil.copy2(p, ctx.path / p.name)
+    except docker.errors.APIError as e:
+        raise ImageBuildError(
+            f"the Docker engine refused the build of {ctx.path}: {e.explanation or e}"
+        ) from e
+    img = client.images.get(final)
+    built = BuiltImage(
+        tag=tag, id=final, size=int(img.attrs["Size"]), manifest=json.loads(raw), labels=dict(img.labels)
+    )
+    if save is not None:
+        built.saved = save_image(client, tag, Path(save), say)
+    return built
+
+
+def save_image(client, tag: str, dest: Path, say: Progress) -> Path:
+    """``docker save`` of ``tag`` (named, so ``docker load`` restores the tag), written atomically."""
+    import docker
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(f".{dest.name}.part-{os.getpid()}")
+    say(f"image: saving {tag} to {dest}")
+    try:
+        with open(part, "wb") as f:
+            for chunk in client.images.get(tag).save(named=True):
+                f.write(chunk)
+        part.rename(dest)
+    except (OSError, docker.errors.APIError) as e:
+        part.unlink(missing_ok=True)
+        raise ImageBuildError(f"saving {tag} to {dest} failed: {e}") from e
+    return dest
+
+
+def verify_image(image: str, trusted_key: str | None = None, client=None) -> dict[str, Any]:
+    """``veo-edge verify IMAGE``: the image's files against its manifest and signature, and its
+    labels against the manifest, read through the engine without running the image."""
+    client = client or connect()
+    entries, trust = _read_root(client, image)
+    report = im.check(entries, trust, f"image {image}", trusted_key)
+    labels = client.images.get(image).labels or {}
+    raw = trust[im.MANIFEST_FILE]
+    if labels.get(LABEL_MANIFEST) != hashlib.sha256(raw).hexdigest():
+        raise ImageTrustError(
+            f"image {image}: label {LABEL_MANIFEST} is {labels.get(LABEL_MANIFEST)!r}, the baked manifest's "
+            f"sha256 is {hashlib.sha256(raw).hexdigest()}"
+        )
+    if labels.get(LABEL_KEY) != report["signed_by"]:
+        raise ImageTrustError(
+            f"image {image}: label {LABEL_KEY} is {labels.get(LABEL_KEY)!r}, the manifest is signed by "
+            f"{report['signed_by']!r}"
+        )
+    return {**report, "labels": labels}

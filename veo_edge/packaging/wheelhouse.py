@@ -1,0 +1,136 @@
+"""The wheelhouse of an image: veo-edge's own wheel and the wheels of the target's runtime packages
+(and their dependencies) for the target's Python and platform, with ``requirements.lock`` pinning each
+by version and sha256. The image installs from it with ``--no-index --no-deps --require-hashes``, so the
+image build needs nothing from the network beyond its base image and installs exactly this list.
+
+No torch and no build tools: the runtime packages are what ``serve``/``healthcheck``/``engine build``
+import (``veo_edge.targets``); veo-edge itself is installed without its declared dependencies, because
+the exporter's (onnx, onnxruntime, onnx-graphsurgeon, safetensors) are not needed where nothing is
+exported. Versions are pinned to this machine's where it has the package and the target's Python is
+this machine's, i.e. the versions the tests ran with.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from veo_edge.errors import PackagingError
+from veo_edge.packaging.sources import source_root
+from veo_edge.targets import Target
+
+LOCK_NAME = "requirements.lock"
+
+
+def runtime_requirements(target: Target) -> list[str]:
+    """``name==version`` for each runtime package this machine has when it runs the target's Python
+    (the versions the tests ran with), ``name`` otherwise (pip picks the newest the target's Python
+    takes; the lock then pins what was taken)."""
+    if target.python != f"{sys.version_info[0]}.{sys.version_info[1]}":
+        return list(target.runtime_packages)
+    reqs = []
+    for name in target.runtime_packages:
+        try:
+            reqs.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            reqs.append(name)
+    return reqs
+
+
+def _run(cmd: list[str], what: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+        raise PackagingError(f"{what} failed (exit {proc.returncode}): {tail}")
+
+
+def build_own_wheel(dest: Path) -> Path:
+    """veo-edge's wheel, built from a copy of the source tree (the checkout stays untouched)."""
+    src = source_root()
+    with tempfile.TemporaryDirectory(prefix="veo-wheel-") as tmp:
+        work = Path(tmp) / "src"
+        work.mkdir()
+        for name in ("pyproject.toml", "setup.py", "README.md"):
+            shutil.copy2(src / name, work / name)
+        shutil.copytree(
+            src / "veo_edge", work / "veo_edge", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
+        for spec in sorted(src.glob("plugins/*/spec.json")):
+            (work / spec.parent.relative_to(src)).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(spec, work / spec.relative_to(src))
+        before = set(dest.glob("veo_edge-*.whl"))
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--quiet",
+                "--no-deps",
+                "--no-build-isolation",
+                "--wheel-dir",
+                str(dest),
+                str(work),
+            ],
+            "building the veo-edge wheel (pip wheel)",
+        )
+    made = sorted(set(dest.glob("veo_edge-*.whl")) - before) or sorted(dest.glob("veo_edge-*.whl"))
+    if not made:
+        raise PackagingError(f"pip wheel made no veo-edge wheel in {dest}")
+    return made[-1]
+
+
+def download_runtime(target: Target, dest: Path, requirements: list[str]) -> None:
+    """The runtime packages and their dependencies as binary wheels for the target's platform."""
+    py = target.python.replace(".", "")
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--dest", str(dest)]
+    for plat in target.wheel_platforms:
+        cmd += ["--platform", plat]
+    cmd += ["--python-version", target.python, "--implementation", "cp", "--abi", f"cp{py}"]
+    if target.extra_index_url:
+        cmd += ["--extra-index-url", target.extra_index_url]
+    _run(
+        cmd + requirements,
+        f"downloading the {target.name} runtime wheels (pip download for {target.platform}, "
+        f"Python {target.python}; is the package index reachable?)",
+    )
+
+
+def write_lock(dest: Path) -> Path:
+    """``requirements.lock``: every wheel in ``dest`` as ``name==version --hash=sha256:...``."""
+    from veo_edge.builddir import sha256_file
+
+    lines = []
+    seen: dict[str, str] = {}
+    for whl in sorted(dest.glob("*.whl")):
+        name, version, _, _ = parse_wheel_filename(whl.name)
+        key = canonicalize_name(name)
+        if key in seen:
+            raise PackagingError(
+                f"the wheelhouse {dest} holds two wheels of {name}: {seen[key]} and {whl.name}"
+            )
+        seen[key] = whl.name
+        lines.append(f"{key}=={version} --hash=sha256:{sha256_file(whl)}")
+    lock = dest / LOCK_NAME
+    lock.write_text(
+        "# veo-edge image wheelhouse: installed with --no-index --no-deps --require-hashes\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+    return lock
+
+
+def build_wheelhouse(target: Target, dest: Path, download: bool = True) -> Path:
+    """Fill ``dest`` with the image's wheels and return its lock file. ``download=False`` makes only
+    veo-edge's wheel (structure checks of contexts whose platform's wheels are not needed here)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    build_own_wheel(dest)
+    if download:
+        download_runtime(target, dest, runtime_requirements(target))
+    return write_lock(dest)

@@ -1,0 +1,119 @@
+"""The image targets ``veo-edge build --target`` knows: pure data, nothing probed at import.
+
+Each target names the Dockerfile that builds it, its default base images (overridable with
+``--base-image``), the Python of that base (the wheelhouse is made for it), its CUDA architectures, the
+versions its base carries (they become OCI labels), the runtime Python packages the image installs on
+top of veo-edge, and the options ``docker run`` / a deploy needs to give the container the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from veo_edge.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    #: repository file the build context takes its Dockerfile from
+    dockerfile: str
+    #: the stage of that Dockerfile the image is (``docker build --target``)
+    stage: str
+    platform: str  # docker platform, e.g. linux/amd64
+    base_image: str  # runtime stage
+    builder_image: str | None  # stage that compiles plugins/ (None: no native code in the image)
+    python: str  # the base image's python3, "3.11"
+    #: pip ``--platform`` tags for the wheelhouse, most specific first
+    wheel_platforms: tuple[str, ...]
+    cuda_archs: tuple[int, ...] = ()
+    versions: dict[str, str] = field(default_factory=dict)  # cuda, tensorrt, jetpack, l4t
+    #: distributions installed besides veo-edge (versions pinned from this machine where it has them)
+    runtime_packages: tuple[str, ...] = ()
+    #: an index the GPU wheels come from where PyPI has none (NVIDIA's JetPack index on Orin)
+    extra_index_url: str | None = None
+    #: ``docker run`` options a deploy adds so the container sees the GPU
+    gpu_run_args: tuple[str, ...] = ()
+    #: the same as Docker SDK / compose terms: ``runtime`` name or a device request
+    gpu_runtime: str | None = None
+    gpu_device_request: bool = False
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.cuda_archs)
+
+    @property
+    def arch(self) -> str:
+        return self.platform.split("/", 1)[1]
+
+
+#: what every image runs: serve + healthcheck over OpenVINO, and the manifest/signature checks
+_COMMON = (
+    "numpy",
+    "typer",
+    "rich",
+    "packaging",
+    "prometheus-client",
+    "jsonschema",  # the build manifest is checked against its schema at every load
+    "securesystemslib",
+    "cryptography",
+)
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target(
+            name="orin",
+            description="Jetson Orin, JetPack 6 (L4T r36.4), CUDA 12.6, TensorRT 10.3, sm_87, arm64",
+            dockerfile="Dockerfile.jetson",
+            stage="runtime",
+            platform="linux/arm64",
+            base_image="nvcr.io/nvidia/l4t-jetpack:r36.4.0",
+            builder_image="nvcr.io/nvidia/l4t-jetpack:r36.4.0",
+            python="3.10",
+            wheel_platforms=("manylinux_2_35_aarch64", "manylinux2014_aarch64", "linux_aarch64"),
+            cuda_archs=(87,),
+            versions={"cuda": "12.6", "tensorrt": "10.3", "jetpack": "6.1", "l4t": "r36.4.0"},
+            runtime_packages=(*_COMMON, "openvino", "onnx", "onnxruntime-gpu", "nvidia-ml-py"),
+            extra_index_url="https://pypi.jetson-ai-lab.dev/jp6/cu126",
+            gpu_run_args=("--runtime", "nvidia"),
+            gpu_runtime="nvidia",
+        ),
+        Target(
+            name="a100",
+            description="x86_64 A100 (sm_80), CUDA 12.6, TensorRT 10.3 (NGC TensorRT 24.08)",
+            dockerfile="packaging/Dockerfile",
+            stage="gpu",
+            platform="linux/amd64",
+            base_image="nvcr.io/nvidia/tensorrt:24.08-py3",
+            builder_image="nvcr.io/nvidia/tensorrt:24.08-py3",
+            python="3.10",
+            wheel_platforms=("manylinux_2_28_x86_64", "manylinux2014_x86_64"),
+            cuda_archs=(80,),
+            versions={"cuda": "12.6", "tensorrt": "10.3"},
+            runtime_packages=(*_COMMON, "openvino", "onnx", "onnxruntime-gpu", "nvidia-ml-py"),
+            gpu_run_args=("--gpus", "all"),
+            gpu_device_request=True,
+        ),
+        Target(
+            name="cpu",
+            description="x86_64 CPU only: OpenVINO, no CUDA at all",
+            dockerfile="packaging/Dockerfile",
+            stage="cpu",
+            platform="linux/amd64",
+            base_image="python:3.11-slim-bookworm",
+            builder_image=None,
+            python="3.11",
+            wheel_platforms=("manylinux_2_28_x86_64", "manylinux2014_x86_64"),
+            runtime_packages=(*_COMMON, "openvino"),
+        ),
+    )
+}
+
+
+def get_target(name: str) -> Target:
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise UsageError(f"unknown target {name!r}; choose one of: {', '.join(TARGETS)}") from None
