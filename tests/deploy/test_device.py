@@ -126,7 +126,7 @@ def test_an_image_without_a_healthcheck_is_refused_before_anything_runs(
         ("http://device:2375", 2, "is not a Docker engine address"),
         (
             "unix:///nonexistent/docker.sock",
-            31,
+            41,
             "no Docker engine answers at unix:///nonexistent/docker.sock",
         ),
         ("ssh://", 2, "names no host"),

@@ -36,3 +36,28 @@ def pool_lib() -> Path:
         subprocess.run(["cmake", "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Release"], check=True)
         subprocess.run(["cmake", "--build", build, "--target", "veo_mempool", "-j2"], check=True)
     return lib
+
+
+@pytest.fixture
+def backend_log():
+    """The messages the TensorRT backend logs during the test, read from a handler on its own logger.
+
+    pytest's caplog, at the root logger, saw none of them in a full run after the int8 builds (NNCF's
+    import swaps the process's logger class; the exact path was not pinned down), while a handler on
+    the backend's own logger sees every one."""
+    import logging
+
+    from veo_edge.runtime.backends import tensorrt_engine
+
+    messages: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    handler = _Collect(logging.DEBUG)
+    tensorrt_engine.log.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        tensorrt_engine.log.removeHandler(handler)

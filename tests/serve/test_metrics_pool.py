@@ -21,6 +21,9 @@ class _Stats:
             "fallback_switches": 0, "active_backend": "tensorrt", "memory_pool": self.pool,
         }  # fmt: skip
 
+    def describe(self):
+        return {"backend": "tensorrt", "precision": "fp16"}
+
 
 def _scrape(pool) -> str:
     spec = ModelSpec(name="vit-nano", inputs=(), outputs=(), max_batch=8)

@@ -33,6 +33,16 @@ def test_each_model_has_its_own_readiness(
     shutil.copytree(nano_build, broken)
     expected = broken / "canary" / "expected.npy"
     np.save(expected, np.load(expected) + 1.0)
+    # a build whose golden output is wrong but consistently recorded (made elsewhere, say): it passes the
+    # load-time verification, so the server starts and the canary itself fails
+    import json
+
+    from veo_edge.builddir import artifact_entry, write_manifest
+
+    manifest = json.loads((broken / "manifest.json").read_text())
+    manifest["artifacts"]["canary_expected"] = artifact_entry(broken, expected)
+    manifest.pop("schema_version", None)
+    write_manifest(broken, manifest)
     server = serve([broken, video_nano_build], wait_ready=False)
     status, nano = server.get_json("/v2/models/vit-nano/ready")
     assert status == 503 and not nano["ready"] and "canary" in nano["reason"]
