@@ -56,6 +56,13 @@ _COMMON = (
     "packaging",
     "prometheus-client",
     "jsonschema",  # the build manifest is checked against its schema at every load
+    # veo-edge serve: HTTP on uvicorn/httptools/uvloop, KServe v2 gRPC on grpcio with tritonclient's stubs
+    "uvicorn",
+    "httptools",
+    "uvloop",
+    "grpcio",
+    "protobuf",
+    "tritonclient",
     "securesystemslib",
     "cryptography",
 )

@@ -50,11 +50,13 @@ def server(tmp_path: Path):
     URL once ready; every server is stopped by PID (SIGTERM) at teardown. Only the protocol is used."""
     procs: list[subprocess.Popen] = []
 
-    def _start(build: Path, env: dict | None = None) -> str:
-        port = _free_port()
+    def _start(build: Path, env: dict | None = None, grpc: bool = False) -> str:
+        """The server's http:// URL, or its grpc:// URL with ``grpc=True``."""
+        port, grpc_port = _free_port(), _free_port()
         log = open(tmp_path / f"serve-{len(procs)}.log", "w")  # noqa: SIM115 - the child's log
+        ports = ["--port", str(port), "--grpc-port", str(grpc_port), "--metrics-port", "-1"]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "veo_edge.cli.main", "serve", str(build), "--port", str(port)],
+            [sys.executable, "-m", "veo_edge.cli.main", "serve", str(build), *ports],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
@@ -68,7 +70,7 @@ def server(tmp_path: Path):
                     f"veo-edge serve did not get ready:\n{(tmp_path / 'serve-0.log').read_text()}"
                 )
             time.sleep(0.1)
-        return f"http://127.0.0.1:{port}"
+        return f"grpc://127.0.0.1:{grpc_port}" if grpc else f"http://127.0.0.1:{port}"
 
     yield _start
     for proc in procs:

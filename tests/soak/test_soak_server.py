@@ -49,3 +49,19 @@ def test_soak_against_a_server(nano_build: Path, server, tmp_path: Path, capsys)
     assert _cli("soak", "report", str(run), "--json", "--max-jitter-ms", "1e9", "--leak-floor", "1T") == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["verdict"]["pass"] is True and "windows" not in summary
+
+
+def test_soak_over_grpc(nano_build: Path, server, tmp_path: Path, capsys):
+    """The same soak through the server's KServe v2 gRPC port (tritonclient.grpc, raw contents)."""
+    url = server(nano_build, grpc=True)
+    run = tmp_path / "run-grpc"
+    args = ["soak", "--url", url, "--model-name", "vit-nano", "--duration", "10s", "--rate", "20"]
+    code = _cli(*args, "--out", str(run), "--no-live", "--max-jitter-ms", "1e6", "--leak-floor", "1T")
+    out = capsys.readouterr().out
+    report = json.loads((run / "report.json").read_text())
+    assert code == (0 if report["verdict"]["pass"] else 50), out
+    assert report["run"]["kind"] == "grpc" and report["run"]["status"] == "complete"
+    req = report["requests"]
+    assert req["issued"] == req["ok"] > 0 and req["errors"] == req["lost"] == 0, req["first_errors"]
+    assert report["latency_ms"]["overall"]["count"] == req["ok"]
+    assert _cli("soak", "--url", "grpc://127.0.0.1", "--duration", "1s", "--out", str(tmp_path / "x")) == 2

@@ -76,7 +76,11 @@ def _finish(run_dir: Path, thresholds: dict | None, as_json: bool) -> None:
 @app.command("run")
 def run(
     build_dir: Path = typer.Argument(None, help="A build directory (the runtime runs in this process)."),
-    url: str = typer.Option(None, "--url", help="A running server instead, e.g. http://127.0.0.1:8000."),
+    url: str = typer.Option(
+        None,
+        "--url",
+        help="A running server instead: http://127.0.0.1:8000, or its gRPC port grpc://127.0.0.1:8001.",
+    ),
     model_name: str = typer.Option(None, "--model-name", help="Model on the server (default: its only one)."),
     duration: str = typer.Option(None, "--duration", "-d", help="How long: 30s, 10m, 72h, 1h30m."),
     rate: float = typer.Option(None, "--rate", help="Open loop: requests per second (fixed arrivals)."),

@@ -225,7 +225,7 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     run = {
         "run_dir": str(store.path),
         "target": config.url or config.build_dir,
-        "kind": "http" if config.url else "in-process",
+        "kind": ("grpc" if config.url.startswith("grpc://") else "http") if config.url else "in-process",
         "mode": config.mode,
         "batch": config.batch,
         "planned_s": config.duration_s,

@@ -44,10 +44,11 @@ class RunClock:
 
 
 def _target(config: SoakConfig, clock: RunClock):
-    from veo_edge.soak.targets import HttpTarget, InProcessTarget
+    from veo_edge.soak.targets import GrpcTarget, HttpTarget, InProcessTarget
 
     if config.url is not None:
-        return HttpTarget(config.url, config.model_name, timeout_s=config.timeout_s)
+        kind = GrpcTarget if config.url.startswith("grpc://") else HttpTarget
+        return kind(config.url, config.model_name, timeout_s=config.timeout_s)
     return InProcessTarget(
         Path(config.build_dir),
         backend=config.backend,

@@ -4,8 +4,8 @@ A target only needs ``open()`` (returns the input shape and dtype of one sample)
 request; returns normally only for a complete, well-formed answer, else raises), ``observe()`` (counters
 and memory of the thing under test, for the sampler) and ``close()``. The soak never reaches further in:
 in-process it uses the public :class:`~veo_edge.Runtime` API, against a server only URLs (KServe v2 JSON
-with the binary tensor extension, ``/metrics``), so a server with another HTTP stack works unchanged;
-a gRPC target would be one more class here.
+with the binary tensor extension, ``/metrics``), so a server with another HTTP stack works unchanged,
+or its KServe v2 gRPC service (``grpc://HOST:PORT``).
 """
 
 from __future__ import annotations
@@ -256,3 +256,104 @@ class HttpTarget:
 
     def close(self) -> None:
         self._drop()
+
+
+class GrpcTarget:
+    """A KServe v2 gRPC server (``veo-edge serve --grpc-port``, Triton's 8001): ``ModelInfer`` with raw
+    tensor contents through ``tritonclient.grpc``. gRPC carries no ``/metrics``: the server's memory and
+    fallbacks are not sampled (drive its HTTP port for those)."""
+
+    kind = "grpc"
+
+    def __init__(self, url: str, model_name: str | None = None, timeout_s: float = 30.0) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme != "grpc" or not parsed.hostname or not parsed.port:
+            raise UsageError(
+                f"--url {url!r} is not a grpc://HOST:PORT address; expected e.g. grpc://127.0.0.1:8001"
+            )
+        self.url = f"grpc://{parsed.netloc}"
+        self.address = parsed.netloc
+        self.model_name = model_name
+        self.timeout_s = timeout_s
+        self._local = threading.local()
+        self.input_name = ""
+        self.datatype = "FP32"
+        self.output_name = None
+
+    @property
+    def name(self) -> str:
+        return self.url
+
+    def _client(self) -> Any:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            import tritonclient.grpc as grpcclient
+
+            client = self._local.client = grpcclient.InferenceServerClient(self.address)
+        return client
+
+    def open(self) -> tuple[tuple[int, ...], np.dtype]:
+        from tritonclient.utils import InferenceServerException
+
+        client = self._client()
+        try:
+            ready = client.is_server_ready(client_timeout=self.timeout_s)
+        except InferenceServerException as e:
+            raise UsageError(
+                f"cannot reach the server at {self.url} ({e}); start it with `veo-edge serve`"
+            ) from e
+        if not ready:
+            raise UsageError(f"the server at {self.url} is not ready; wait for its readiness")
+        if self.model_name is None:
+            try:
+                models = [m.name for m in client.get_model_repository_index().models]
+            except InferenceServerException as e:  # a server without the repository extension over gRPC
+                raise UsageError(
+                    f"the server at {self.url} does not list its models ({e.message()}); pass --model-name"
+                ) from e
+            if len(models) != 1:
+                raise UsageError(f"the server at {self.url} serves {models}; pass --model-name")
+            self.model_name = models[0]
+        try:
+            meta = client.get_model_metadata(self.model_name, as_json=True)
+        except InferenceServerException as e:
+            raise UsageError(f"the server at {self.url} has no model {self.model_name!r} ({e})") from e
+        inp = meta["inputs"][0]
+        if inp["datatype"] not in _DTYPES:
+            raise UsageError(
+                f"input {inp['name']!r} has datatype {inp['datatype']}, the soak sends {sorted(_DTYPES)}"
+            )
+        self.input_name, self.datatype = inp["name"], inp["datatype"]
+        self.output_name = meta["outputs"][0]["name"]
+        return tuple(int(d) for d in inp["shape"][1:]), np.dtype(_DTYPES[self.datatype])
+
+    def call(self, batch: np.ndarray) -> None:
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        inp = grpcclient.InferInput(self.input_name, list(batch.shape), self.datatype)
+        inp.set_data_from_numpy(np.ascontiguousarray(batch))
+        try:
+            result = self._client().infer(
+                self.model_name,
+                [inp],
+                outputs=[grpcclient.InferRequestedOutput(self.output_name)],
+                client_timeout=self.timeout_s,
+            )
+        except InferenceServerException as e:
+            status = str(e.status() or "")
+            kind = RequestTimeout if "DEADLINE_EXCEEDED" in status else RequestError
+            raise kind(f"gRPC {status or 'error'}: {e.message()}") from e
+        out = result.as_numpy(self.output_name)
+        if out is None:
+            raise RequestError(f"malformed answer: no output {self.output_name!r}")
+        _check_output(out, batch.shape[0])
+
+    def observe(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        client = getattr(self._local, "client", None)
+        if client is not None:
+            client.close()
+            self._local.client = None
