@@ -6,26 +6,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-
 from tests.cli.test_cli import veo
 from tests.deploy.conftest import free_port
-
-
-def _infer_matches_canary(port: int, build) -> bool:
-    import tritonclient.http as httpclient
-
-    from veo_edge.builddir import BuildDir
-    from veo_edge.export.canary import compare_canary
-    from veo_edge.serve.health import load_canary
-
-    canary = load_canary(BuildDir.open(build))
-    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{port}")
-    meta = client.get_model_metadata("vit-nano")
-    inp = httpclient.InferInput(meta["inputs"][0]["name"], list(canary.input.shape), "FP32")
-    inp.set_data_from_numpy(canary.input.astype(np.float32))
-    out = client.infer("vit-nano", [inp]).as_numpy(meta["outputs"][0]["name"])
-    return compare_canary(out, canary).ok
+from tests.support.images import infer_canary
 
 
 def test_the_real_image_deploys_answers_and_survives_a_bad_release(
@@ -48,14 +31,14 @@ def test_the_real_image_deploys_answers_and_survives_a_bad_release(
         assert inspect["State"]["Health"]["Status"] == "healthy"
         assert inspect["HostConfig"]["ReadonlyRootfs"] and inspect["Config"]["User"] == "10001:10001"
         assert any(e.startswith("VEO_EDGE_TRUSTED_KEY=sha256:") for e in inspect["Config"]["Env"])
-        assert _infer_matches_canary(port, cpu_image.build)
+        assert infer_canary(port, cpu_image.build).ok
 
         # a release that never becomes healthy: rolled back, the first one answers again
         r = veo("deploy", test_images["unhealthy"], "--to", device_engine.host, "--name", name, "--port", port,
                 "--timeout", "60", env={"DOCKER_HOST": cpu_image.engine.host}, timeout=600)  # fmt: skip
         assert r.returncode == 46, r.stderr
         assert "rolled back to the previous release veo-edge/vit-nano:test-cpu" in r.stderr
-        assert _infer_matches_canary(port, cpu_image.build)
+        assert infer_canary(port, cpu_image.build).ok
 
         # a key that did not sign the image: refused before anything is transferred or stopped
         from tests.support.images import ed25519_pem

@@ -11,10 +11,9 @@ import tarfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from tests.support.images import TAG, ed25519_pem
+from tests.support.images import TAG, ed25519_pem, infer_canary
 from veo_edge.errors import ImageTrustError
 
 MAX_IMAGE_BYTES = 500 * 1000 * 1000  # the target for the cpu image
@@ -48,22 +47,6 @@ def _run_detached(engine, image: str, name: str, port: int, *env: str) -> None:
     for e in env:
         args += ["-e", e]
     engine.docker(*args, image)
-
-
-def _infer_canary(port: int, build: Path):
-    import tritonclient.http as httpclient
-
-    from veo_edge.builddir import BuildDir
-    from veo_edge.export.canary import compare_canary
-    from veo_edge.serve.health import load_canary
-
-    canary = load_canary(BuildDir.open(build))
-    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{port}")
-    meta = client.get_model_metadata("vit-nano")
-    inp = httpclient.InferInput(meta["inputs"][0]["name"], list(canary.input.shape), "FP32")
-    inp.set_data_from_numpy(canary.input.astype(np.float32))
-    out = client.infer("vit-nano", [inp]).as_numpy(meta["outputs"][0]["name"])
-    return compare_canary(out, canary)
 
 
 def test_image_labels_user_healthcheck_size(cpu_image) -> None:
@@ -107,7 +90,7 @@ def test_read_only_container_gets_healthy_and_serves_the_canary(cpu_image) -> No
     _run_detached(engine, TAG, name, port)
     try:
         _wait_healthy(engine, name)
-        result = _infer_canary(port, cpu_image.build)
+        result = infer_canary(port, cpu_image.build)
         assert result.ok, result
         import urllib.request
 

@@ -19,3 +19,21 @@ def ed25519_pem(path: Path) -> Path:
         )
     )
     return path
+
+
+def infer_canary(port: int, build: Path):
+    """A tritonclient inference of the build's golden canary against a server on 127.0.0.1:port."""
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    from veo_edge.builddir import BuildDir
+    from veo_edge.export.canary import compare_canary
+    from veo_edge.serve.health import load_canary
+
+    canary = load_canary(BuildDir.open(build))
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{port}")
+    meta = client.get_model_metadata("vit-nano")
+    inp = httpclient.InferInput(meta["inputs"][0]["name"], list(canary.input.shape), "FP32")
+    inp.set_data_from_numpy(canary.input.astype(np.float32))
+    out = client.infer("vit-nano", [inp]).as_numpy(meta["outputs"][0]["name"])
+    return compare_canary(out, canary)

@@ -42,6 +42,16 @@ def _check_output(out: np.ndarray, n: int) -> None:
         )
 
 
+def _io_of(meta: dict[str, Any]) -> tuple[str, str, str, tuple[int, ...]]:
+    """(input name, datatype, output name, per-sample shape) from KServe v2 model metadata."""
+    inp = meta["inputs"][0]
+    if inp["datatype"] not in _DTYPES:
+        raise UsageError(
+            f"input {inp['name']!r} has datatype {inp['datatype']}, the soak sends {sorted(_DTYPES)}"
+        )
+    return inp["name"], inp["datatype"], meta["outputs"][0]["name"], tuple(int(d) for d in inp["shape"][1:])
+
+
 class InProcessTarget:
     """The runtime in this process; batch 1 goes through the dynamic batcher (``submit``), larger
     batches through ``infer``."""
@@ -201,14 +211,11 @@ class HttpTarget:
         if status != 200:
             raise UsageError(f"the server at {self.url} has no model {self.model_name!r} (HTTP {status})")
         meta = json.loads(body)
-        inp = meta["inputs"][0]
-        if inp["datatype"] not in _DTYPES:
-            raise UsageError(
-                f"input {inp['name']!r} has datatype {inp['datatype']}, the soak sends {sorted(_DTYPES)}"
-            )
-        self.input_name, self.datatype = inp["name"], inp["datatype"]
-        self.output_name = meta["outputs"][0]["name"]
-        return tuple(int(d) for d in inp["shape"][1:]), np.dtype(_DTYPES[self.datatype])
+        return self._take_metadata(meta)
+
+    def _take_metadata(self, meta: dict[str, Any]) -> tuple[tuple[int, ...], np.dtype]:
+        self.input_name, self.datatype, self.output_name, shape = _io_of(meta)
+        return shape, np.dtype(_DTYPES[self.datatype])
 
     def call(self, batch: np.ndarray) -> None:
         data = np.ascontiguousarray(batch).tobytes()
@@ -318,14 +325,11 @@ class GrpcTarget:
             meta = client.get_model_metadata(self.model_name, as_json=True)
         except InferenceServerException as e:
             raise UsageError(f"the server at {self.url} has no model {self.model_name!r} ({e})") from e
-        inp = meta["inputs"][0]
-        if inp["datatype"] not in _DTYPES:
-            raise UsageError(
-                f"input {inp['name']!r} has datatype {inp['datatype']}, the soak sends {sorted(_DTYPES)}"
-            )
-        self.input_name, self.datatype = inp["name"], inp["datatype"]
-        self.output_name = meta["outputs"][0]["name"]
-        return tuple(int(d) for d in inp["shape"][1:]), np.dtype(_DTYPES[self.datatype])
+        return self._take_metadata(meta)
+
+    def _take_metadata(self, meta: dict[str, Any]) -> tuple[tuple[int, ...], np.dtype]:
+        self.input_name, self.datatype, self.output_name, shape = _io_of(meta)
+        return shape, np.dtype(_DTYPES[self.datatype])
 
     def call(self, batch: np.ndarray) -> None:
         import tritonclient.grpc as grpcclient
