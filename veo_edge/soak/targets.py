@@ -133,7 +133,30 @@ class InProcessTarget:
             self.runtime = None
 
 
-class HttpTarget:
+class _ServerTarget:
+    """What the HTTP and gRPC targets share: the model they drive, its tensors (from the server's
+    KServe v2 model metadata) and one connection per load thread."""
+
+    url: str
+
+    def __init__(self, model_name: str | None, timeout_s: float) -> None:
+        self.model_name = model_name
+        self.timeout_s = timeout_s
+        self._local = threading.local()
+        self.input_name = ""
+        self.datatype = "FP32"
+        self.output_name: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.url
+
+    def _take_metadata(self, meta: dict[str, Any]) -> tuple[tuple[int, ...], np.dtype]:
+        self.input_name, self.datatype, self.output_name, shape = _io_of(meta)
+        return shape, np.dtype(_DTYPES[self.datatype])
+
+
+class HttpTarget(_ServerTarget):
     """A KServe v2 server (``veo-edge serve``, Triton): ``POST /v2/models/NAME/infer`` with binary
     tensors, ``/metrics`` scraped for the server's memory, fallbacks and pool."""
 
@@ -147,16 +170,7 @@ class HttpTarget:
             )
         self.url = f"http://{parsed.netloc}"
         self.host, self.port = parsed.hostname, parsed.port or 80
-        self.model_name = model_name
-        self.timeout_s = timeout_s
-        self._local = threading.local()
-        self.input_name = ""
-        self.datatype = "FP32"
-        self.output_name = None
-
-    @property
-    def name(self) -> str:
-        return self.url
+        super().__init__(model_name, timeout_s)
 
     def _conn(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
@@ -213,10 +227,6 @@ class HttpTarget:
         meta = json.loads(body)
         return self._take_metadata(meta)
 
-    def _take_metadata(self, meta: dict[str, Any]) -> tuple[tuple[int, ...], np.dtype]:
-        self.input_name, self.datatype, self.output_name, shape = _io_of(meta)
-        return shape, np.dtype(_DTYPES[self.datatype])
-
     def call(self, batch: np.ndarray) -> None:
         data = np.ascontiguousarray(batch).tobytes()
         head = json.dumps(
@@ -265,7 +275,7 @@ class HttpTarget:
         self._drop()
 
 
-class GrpcTarget:
+class GrpcTarget(_ServerTarget):
     """A KServe v2 gRPC server (``veo-edge serve --grpc-port``, Triton's 8001): ``ModelInfer`` with raw
     tensor contents through ``tritonclient.grpc``. gRPC carries no ``/metrics``: the server's memory and
     fallbacks are not sampled (drive its HTTP port for those)."""
@@ -280,16 +290,7 @@ class GrpcTarget:
             )
         self.url = f"grpc://{parsed.netloc}"
         self.address = parsed.netloc
-        self.model_name = model_name
-        self.timeout_s = timeout_s
-        self._local = threading.local()
-        self.input_name = ""
-        self.datatype = "FP32"
-        self.output_name = None
-
-    @property
-    def name(self) -> str:
-        return self.url
+        super().__init__(model_name, timeout_s)
 
     def _client(self) -> Any:
         client = getattr(self._local, "client", None)
@@ -326,10 +327,6 @@ class GrpcTarget:
         except InferenceServerException as e:
             raise UsageError(f"the server at {self.url} has no model {self.model_name!r} ({e})") from e
         return self._take_metadata(meta)
-
-    def _take_metadata(self, meta: dict[str, Any]) -> tuple[tuple[int, ...], np.dtype]:
-        self.input_name, self.datatype, self.output_name, shape = _io_of(meta)
-        return shape, np.dtype(_DTYPES[self.datatype])
 
     def call(self, batch: np.ndarray) -> None:
         import tritonclient.grpc as grpcclient
