@@ -37,12 +37,19 @@ def image_id(client: Any, ref: str) -> str | None:
         return None
 
 
+def _repo_tag(ref: str) -> tuple[str, str]:
+    """``registry:5000/name:tag`` -> (``registry:5000/name``, ``tag``), as the Docker SDK splits it."""
+    from docker.utils import parse_repository_tag
+
+    repo, tag = parse_repository_tag(ref)
+    return repo, tag or "latest"
+
+
 def _tag_as(client: Any, image_id_: str, ref: str) -> None:
     """Make ``ref`` name ``image_id_`` on ``client`` (a load by id, or a pull by digest, leaves no tag)."""
-    if ref.startswith("sha256:"):
+    if ref.startswith("sha256:") or "@" in ref:  # an id or a digest names the content, not a tag
         return
-    repo, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "latest")
-    client.images.get(image_id_).tag(repo, tag or "latest")
+    client.images.get(image_id_).tag(*_repo_tag(ref))
 
 
 def transfer_image(
@@ -95,7 +102,7 @@ def _stream(local: Any, target: Any, ref: str, local_id: str, progress: Progress
 def _via_registry(local: Any, target: Any, ref: str, local_id: str, registry: str) -> TransferResult:
     name = ref.split("/", 1)[-1] if "." in ref.split("/", 1)[0] or ":" in ref.split("/", 1)[0] else ref
     remote = f"{registry.rstrip('/')}/{name}"
-    repo, _, tag = remote.rpartition(":") if ":" in remote.rsplit("/", 1)[-1] else (remote, "", "latest")
+    repo, tag = _repo_tag(remote)
     local.images.get(local_id).tag(repo, tag)
     for line in local.images.push(repo, tag=tag, stream=True, decode=True):
         if line.get("error"):
