@@ -10,15 +10,14 @@ gate and rollback run against Docker's own health status.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.support.dockerd import BASE_IMAGE, DockerEngine, EngineUnavailable
+from tests.support.net import free_port
 
 HEALTH = "--interval=1s --timeout=3s --retries=2"
 IMAGES = {
@@ -76,34 +75,12 @@ def _engine(prefix: str, extra: list[str] | None = None) -> DockerEngine:
     return engine
 
 
-def _teardown(engine: DockerEngine) -> None:
-    for cid in engine.docker("ps", "-aq", check=False).stdout.split():
-        engine.docker("rm", "-f", cid, check=False)
-    engine.stop()
-    shutil.rmtree(engine.root, ignore_errors=True)
-
-
 @pytest.fixture(scope="session")
 def device_engine(docker_engine):
     """A second engine, the "device": deploys transfer images into it."""
     engine = _engine("veo-dev-")
     yield engine
-    _teardown(engine)
-
-
-def free_port(low: int | None = None, high: int | None = None) -> int:
-    """A free loopback TCP port (in [low, high] when given: swarm's data-path port must be < 49152)."""
-    import random
-
-    if low is None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-    for port in random.sample(range(low, high + 1), 200):
-        with socket.socket() as s, contextlib.suppress(OSError):
-            s.bind(("127.0.0.1", port))
-            return port
-    raise RuntimeError(f"no free port in {low}..{high}")
+    engine.close()
 
 
 @pytest.fixture(scope="session")
@@ -122,4 +99,4 @@ def swarm_engine(docker_engine):
     for sid in engine.docker("service", "ls", "-q", check=False).stdout.split():
         engine.docker("service", "rm", sid, check=False)
     engine.docker("swarm", "leave", "--force", check=False)
-    _teardown(engine)
+    engine.close()

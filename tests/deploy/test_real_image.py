@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 from tests.cli.test_cli import veo
-from tests.deploy.conftest import free_port
 from tests.support.images import infer_canary
+from tests.support.net import free_port
 
 
 def test_the_real_image_deploys_answers_and_survives_a_bad_release(

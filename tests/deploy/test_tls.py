@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.cli.test_cli import veo
-from tests.deploy.conftest import free_port
 from tests.support.dockerd import DockerEngine
+from tests.support.net import free_port
 
 
 def _pki(d: Path) -> dict[str, Path]:
@@ -92,9 +92,7 @@ def tls_engine(docker_engine):
         ],
     ).start()
     yield engine, f"tcp://127.0.0.1:{port}", pki
-    for cid in engine.docker("ps", "-aq", check=False).stdout.split():
-        engine.docker("rm", "-f", cid, check=False)
-    engine.stop()
+    engine.close()
     shutil.rmtree(root, ignore_errors=True)
 
 

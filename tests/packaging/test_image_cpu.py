@@ -6,7 +6,6 @@ build's canary; a derived image with one byte of a model file changed refuses to
 from __future__ import annotations
 
 import json
-import socket
 import tarfile
 import time
 from pathlib import Path
@@ -14,15 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.images import TAG, ed25519_pem, infer_canary
+from tests.support.net import free_port
 from veo_edge.errors import ImageTrustError
 
 MAX_IMAGE_BYTES = 500 * 1000 * 1000  # the issue's target for the cpu image
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_healthy(engine, name: str, timeout: float = 240.0) -> str:
@@ -43,7 +37,7 @@ def _wait_healthy(engine, name: str, timeout: float = 240.0) -> str:
 def _run_detached(engine, image: str, name: str, port: int, *env: str) -> None:
     args = ["run", "-d", "--name", name, "--read-only", "--tmpfs", "/cache:rw,uid=10001,gid=10001"]
     args += ["--network", "host", "-e", f"VEO_EDGE_PORT={port}", "-e", "VEO_EDGE_HOST=127.0.0.1"]
-    args += ["-e", f"VEO_EDGE_GRPC_PORT={_free_port()}"]  # host networking: never Triton's fixed 8001
+    args += ["-e", f"VEO_EDGE_GRPC_PORT={free_port()}"]  # host networking: never Triton's fixed 8001
     for e in env:
         args += ["-e", e]
     engine.docker(*args, image)
@@ -86,7 +80,7 @@ def test_image_labels_user_healthcheck_size(cpu_image) -> None:
 
 
 def test_read_only_container_gets_healthy_and_serves_the_canary(cpu_image) -> None:
-    engine, port, name = cpu_image.engine, _free_port(), "veo-test-cpu"
+    engine, port, name = cpu_image.engine, free_port(), "veo-test-cpu"
     _run_detached(engine, TAG, name, port)
     try:
         _wait_healthy(engine, name)
@@ -108,7 +102,7 @@ def test_read_only_container_gets_healthy_and_serves_the_canary(cpu_image) -> No
 def test_gpu_entrypoint_without_a_gpu_falls_back_to_openvino_and_says_so(cpu_image) -> None:
     """The entrypoint's GPU-target path, on a machine without a GPU: it says it falls back, and the
     readiness body names the CPU backend and why the GPU ones were skipped."""
-    engine, port, name = cpu_image.engine, _free_port(), "veo-test-nogpu"
+    engine, port, name = cpu_image.engine, free_port(), "veo-test-nogpu"
     _run_detached(engine, TAG, name, port, "VEO_EDGE_TARGET=a100")
     try:
         _wait_healthy(engine, name)

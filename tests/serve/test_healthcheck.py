@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.net import free_port
 from veo_edge.serve.health import EXIT_CODES
 
 
@@ -87,15 +88,9 @@ def test_wrong_model(video_nano_build, nano_build, nano_server, serve):
     assert "canary inference failed (HTTP 400)" in r.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_server_down():
     start = time.monotonic()
-    r = _healthcheck("--url", f"http://127.0.0.1:{_free_port()}", "--timeout", "5")
+    r = _healthcheck("--url", f"http://127.0.0.1:{free_port()}", "--timeout", "5")
     assert r.returncode == EXIT_CODES["down"], r.stderr
     assert "no server answers at" in r.stderr
     assert time.monotonic() - start < 30  # generous: bounds a hang, not a speed
@@ -122,7 +117,7 @@ def test_docker_wrapper_maps_failures_to_1(script):
         ["sh", str(root / script)],
         env={
             "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-            "VEO_EDGE_HEALTH_URL": f"http://127.0.0.1:{_free_port()}",
+            "VEO_EDGE_HEALTH_URL": f"http://127.0.0.1:{free_port()}",
             "VEO_EDGE_HEALTH_TIMEOUT": "3",
         },
         capture_output=True,

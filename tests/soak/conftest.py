@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.net import free_port
 from veo_edge import nativelib
 from veo_edge.runtime import mempool
 
@@ -25,12 +25,6 @@ def pool_lib() -> Path:
             pytest.fail(f"{lib} is missing; CI must build it (`make plugins`)")
         pytest.skip(f"{lib} is missing; run `make plugins`")
     return lib
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ready(port: int) -> bool:
@@ -52,7 +46,7 @@ def server(tmp_path: Path):
 
     def _start(build: Path, env: dict | None = None, grpc: bool = False) -> str:
         """The server's http:// URL, or its grpc:// URL with ``grpc=True``."""
-        port, grpc_port = _free_port(), _free_port()
+        port, grpc_port = free_port(), free_port()
         log = open(tmp_path / f"serve-{len(procs)}.log", "w")  # noqa: SIM115 - the child's log
         ports = ["--port", str(port), "--grpc-port", str(grpc_port), "--metrics-port", "-1"]
         proc = subprocess.Popen(

@@ -123,6 +123,14 @@ class DockerEngine:
         if self._log is not None:
             self._log.close()
 
+    def close(self) -> None:
+        """Remove every container this engine runs, stop it by its PID, and delete its root."""
+        if self.pid is not None:
+            for cid in self.docker("ps", "-aq", check=False).stdout.split():
+                self.docker("rm", "-f", cid, check=False)
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
     def ensure_base_image(self, tag: str = BASE_IMAGE) -> str:
         """Import the local Debian base (packaging/base/make-base-image.sh; cached tarball) if absent."""
         subprocess.run(
