@@ -106,7 +106,8 @@ def test_samples_queued_while_the_slot_is_busy_fill_the_next_batches() -> None:
         release.wait(30)
         return double(x)
 
-    b = Batcher(gated, SHAPE, "float32", max_batch=4, max_delay_ms=600_000, max_queue=16)
+    # these callers never send again: the last batch waits for them within the window, then goes
+    b = Batcher(gated, SHAPE, "float32", max_batch=4, max_delay_ms=200, max_queue=16)
     first = b.submit(np.ones(SHAPE, np.float32))
     assert started.wait(30)  # the lone first sample runs at once, alone
     queued = [b.submit(np.full(SHAPE, i, np.float32)) for i in range(7)]
@@ -116,6 +117,79 @@ def test_samples_queued_while_the_slot_is_busy_fill_the_next_batches() -> None:
     b.close()
     s = b.stats()
     assert s.batch_size_counts == {1: 1, 4: 1, 3: 1} and s.batches == 3
+    # the last batch waited for its callers' return (the window: no earlier) until it passed
+    assert s.close_reasons["full"] == 1 and sum(s.close_reasons.values()) == 3
+    assert s.max_wait_us >= 200e3 * 0.999
+
+
+def closed_loop(b: Batcher, clients: int, rounds: int) -> None:
+    """``clients`` threads, each sending its next sample as soon as it has the answer to the last."""
+    start = threading.Barrier(clients, timeout=30)
+
+    def client(c: int) -> None:
+        start.wait()
+        for r in range(rounds):
+            x = np.full(SHAPE, c * 1000 + r, np.float32)
+            assert float(b.submit(x).result(timeout=60)[0]) == 2.0 * (c * 1000 + r)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def test_answered_callers_are_waited_for_so_concurrent_batches_fill() -> None:
+    """Four closed-loop clients on one slot: the slot waits (within the window) for the callers it has
+    just answered instead of running whoever is queued, so batches hold all four clients."""
+    gate = threading.Semaphore(0)
+
+    def paced(x: np.ndarray) -> np.ndarray:
+        gate.acquire(timeout=30)  # released by the test: no batch runs before the next is let through
+        return double(x)
+
+    b = Batcher(paced, SHAPE, "float32", max_batch=8, max_delay_ms=5_000, max_queue=64)
+    rounds = 12
+    feeder = threading.Thread(target=lambda: [gate.release() for _ in range(10 * rounds)], daemon=True)
+    feeder.start()
+    closed_loop(b, clients=4, rounds=rounds)
+    b.close()
+    s = b.stats()
+    assert sum(k * v for k, v in s.batch_size_counts.items()) == 4 * rounds
+    # the first batch may hold fewer (the clients start together, not in one instant), and so may the
+    # last ones: after that, every batch holds all four
+    assert s.batch_size_counts.get(4, 0) >= rounds - 2, s.batch_size_counts
+    assert max(s.batch_size_counts) == 4
+
+
+def test_two_slots_share_four_closed_loop_clients_evenly() -> None:
+    """Two slots (parallel streams), four closed-loop clients: each slot takes its share of the samples
+    in the system (two), not all it could wait for; so the two batches in flight stay balanced."""
+    b = Batcher(double, SHAPE, "float32", max_batch=8, max_delay_ms=2_000, max_queue=64, slots=2)
+    closed_loop(b, clients=4, rounds=30)
+    b.close()
+    s = b.stats()
+    assert sum(k * v for k, v in s.batch_size_counts.items()) == 120
+    assert max(s.batch_size_counts) <= 2, s.batch_size_counts
+
+
+def test_a_lone_request_of_many_samples_is_one_batch_on_any_number_of_slots() -> None:
+    b = Batcher(double, SHAPE, "float32", max_batch=8, max_delay_ms=600_000, max_queue=16, slots=2)
+    x = np.arange(8 * 12, dtype=np.float32).reshape(8, *SHAPE)
+    got = np.stack([f.result(timeout=30) for f in b.submit_many(list(x))])
+    b.close()
+    np.testing.assert_array_equal(got, double(x))
+    assert b.stats().batch_size_counts == {8: 1}
+
+
+def test_one_closed_loop_client_never_waits_for_itself() -> None:
+    """The caller just answered is expected back, but once it is back nothing else is: its batch goes
+    at once (a 10-minute window would show as a hang)."""
+    b = Batcher(double, SHAPE, "float32", max_batch=8, max_delay_ms=600_000, max_queue=16)
+    closed_loop(b, clients=1, rounds=50)
+    b.close()
+    s = b.stats()
+    assert s.batch_size_counts == {1: 50} and s.close_reasons == {"nothing_expected": 50}
 
 
 def test_a_requests_samples_are_queued_at_once_and_share_a_batch() -> None:

@@ -1,13 +1,28 @@
 """Dynamic batching: concurrent callers submit one sample each; one thread groups them into batches.
 
 Batching costs nothing when it cannot help. A free slot takes what is queued at once, unless more
-samples are *arriving* (announced with :meth:`Batcher.expect` by a transport that has begun receiving a
-request) and the batch is not full: only then does it wait, until the batch is full, the arrivals are in
-(or withdrawn), or its first sample has waited ``max_delay_ms``. A lone request therefore never waits
-for the window, and under concurrency batches still fill: samples queue up while the slots are busy.
+samples are *expected* and the batch is not full: only then does it wait, until the batch is full, the
+expected samples are in (or no longer expected), or it has waited ``max_delay_ms`` (counted from its
+first sample's arrival, or from when the slot came free for samples that queued while it was busy: the
+window bounds the time batching adds, not the time spent queued behind a busy slot). Two kinds of
+samples are expected:
+
+- *arriving*: announced with :meth:`Batcher.expect` by a transport that has begun receiving a request;
+- *returning*: the callers of the batches answered within the last ``max_delay_ms`` who have not sent
+  again. A closed-loop client sends its next request as soon as it has its answer; waiting for it (it is
+  on its way back while the batch forms) is what fills batches under concurrency. Every sample that
+  comes (or is announced) stands for one of them, whoever sent it.
+
+A lone request therefore never waits for the window: when it comes, nothing else is queued. Under
+concurrency batches fill: samples queue up while the slots are busy, and the callers just answered come
+back within the window.
 
 ``slots`` batches may run at once (one thread each), for backends that run several infer requests in
-parallel (OpenVINO's THROUGHPUT streams); one slot forms a batch at a time. The batch is stacked into an
+parallel (OpenVINO's THROUGHPUT streams); one slot forms a batch at a time, of at most its share of the
+samples in the system (queued, expected and running, divided by the slots), so that concurrent batches
+stay balanced (four closed-loop clients on two slots: two batches of two, not one of three and one of
+one); the samples of one request (:meth:`Batcher.submit_many`) stay in one batch where ``max_batch``
+allows. The batch is stacked into an
 input buffer kept per slot and batch size (steady state allocates no new input buffers), run through
 ``run_batch``, and each caller's future is resolved with its own row of the output, copied so that no
 caller holds a view of a shared array.
@@ -41,6 +56,7 @@ class _Item:
     sample: np.ndarray
     future: Future
     enqueued_ns: int
+    request: int  # the samples of one submit_many share it
 
 
 @dataclass
@@ -63,6 +79,10 @@ class BatcherStats:
     queue_us_total: float = 0.0
     compute_us_total: float = 0.0
     max_wait_us: float = 0.0  # the longest any batch's first sample waited before dispatch
+    #: why batches closed: "full" (max_batch, or with several slots this slot's share of the samples
+    #: queued, expected and running), "nothing_expected" (at once, or once the expected samples came or
+    #: their window passed) or "deadline" (the slot waited max_delay_ms for the batch to fill)
+    close_reasons: dict[str, int] = field(default_factory=dict)
 
 
 class Arrival:
@@ -126,6 +146,10 @@ class Batcher:
         self._stop = False
         self.slots = slots
         self._arriving = 0  # samples announced by expect() and not yet submitted or withdrawn
+        self._returning = 0  # callers answered within max_delay_ms who have not come back (module doc)
+        self._returning_until_ns = 0
+        self._running = 0  # samples in batches being run
+        self._requests = 0  # submit_many calls so far: each queued sample carries its call's number
         self._forming = threading.Lock()  # one slot forms a batch at a time; the others wait here
         self._buffers: dict[tuple[int, int], np.ndarray] = {}
         self._stats = BatcherStats()
@@ -143,6 +167,7 @@ class Batcher:
         may wait for them, within ``max_delay_ms``. Withdrawn when the :class:`Arrival` exits."""
         with self._cond:
             self._arriving += n
+            self._consume_returning(n)
         return Arrival(self, n)
 
     def submit(self, sample: np.ndarray, arrival: Arrival | None = None) -> Future:
@@ -155,10 +180,11 @@ class Batcher:
         that a batch forming meanwhile sees all of them; one future per sample."""
         futures: list[Future] = [Future() for _ in samples]
         with self._cond:
+            announced = 0
             if arrival is not None and arrival.left:
-                k = min(len(samples), arrival.left)
-                arrival.left -= k
-                self._arriving -= k
+                announced = min(len(samples), arrival.left)
+                arrival.left -= announced
+                self._arriving -= announced
             if not self._accepting:
                 raise ClosedError("the runtime is closed and accepts no more requests; start a new one")
             if len(self._queue) + len(samples) > self.max_queue:
@@ -172,10 +198,18 @@ class Batcher:
                     f"request queue is full ({len(self._queue)} pending of {self.max_queue}{also}); retry "
                     "later, lower the request rate, or raise max_queue"
                 )
+            self._consume_returning(len(samples) - announced)  # announced ones consumed at expect()
             now = time.perf_counter_ns()
-            self._queue.extend(_Item(x, f, now) for x, f in zip(samples, futures, strict=True))
+            self._requests += 1
+            rid = self._requests
+            self._queue.extend(_Item(x, f, now, rid) for x, f in zip(samples, futures, strict=True))
             self._cond.notify()
         return futures
+
+    def _consume_returning(self, n: int) -> None:
+        """``n`` samples came (or were announced): each stands for one caller expected back. Under _cond."""
+        if self._returning:
+            self._returning = max(0, self._returning - n)
 
     @property
     def pending(self) -> int:
@@ -186,6 +220,12 @@ class Batcher:
         return self._arriving
 
     @property
+    def returning(self) -> int:
+        """Callers answered within the window who have not sent again (0 once the window has passed)."""
+        with self._cond:
+            return self._returning if time.perf_counter_ns() < self._returning_until_ns else 0
+
+    @property
     def alive(self) -> bool:
         """Whether any batching thread still runs (after a close that timed out while draining)."""
         return any(t.is_alive() for t in self._threads)
@@ -193,7 +233,13 @@ class Batcher:
     def stats(self) -> BatcherStats:
         with self._stats_lock:
             s = self._stats
-            return BatcherStats(**{**vars(s), "batch_size_counts": dict(s.batch_size_counts)})
+            return BatcherStats(
+                **{
+                    **vars(s),
+                    "batch_size_counts": dict(s.batch_size_counts),
+                    "close_reasons": dict(s.close_reasons),
+                }
+            )
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop accepting. With ``drain`` every queued sample is still run; otherwise queued samples
@@ -217,34 +263,61 @@ class Batcher:
             t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     # -- the batching thread ----------------------------------------------------------------------
-    def _take_batch(self) -> list[_Item] | None:
-        """Block for the next batch; ``None`` once stopped and empty. Called under ``_forming``."""
+    def _take_batch(self) -> tuple[list[_Item], str] | None:
+        """Block for the next batch and say why it closed; ``None`` once stopped and empty. Called under
+        ``_forming``."""
         delay_ns = int(self.max_delay_ms * 1e6)
+        free_ns = time.perf_counter_ns()
         with self._cond:
             while not self._queue:
                 if self._stop:
                     return None
                 self._cond.wait()
-            # wait only while the batch can still fill: it is not full and more samples are arriving
-            deadline = self._queue[0].enqueued_ns + delay_ns
-            while len(self._queue) < self.max_batch and self._arriving > 0 and not self._stop:
-                remaining = deadline - time.perf_counter_ns()
-                if remaining <= 0:
+            # wait only while the batch can still fill: it is not full and more samples are expected;
+            # the slot idles at most max_delay_ms for it (from the first sample's arrival, or from when
+            # the slot came free for samples that queued while it was busy)
+            deadline = max(self._queue[0].enqueued_ns, free_ns) + delay_ns
+            reason = "full"
+            while True:
+                now = time.perf_counter_ns()
+                returning = self._returning if now < self._returning_until_ns else 0
+                expected = max(0, self._arriving) + returning
+                # this slot's share of the samples in the system (slots that share them run in
+                # parallel), never splitting one request's samples (see below)
+                share = -(-(len(self._queue) + expected + self._running) // self.slots)
+                target = min(self.max_batch, max(1, share))
+                if len(self._queue) >= target:  # full, or all there is when nothing more is expected
+                    full = expected > 0 or len(self._queue) >= self.max_batch
+                    reason = "full" if full else "nothing_expected"
                     break
-                self._cond.wait(remaining / 1e9)
-            n = min(self.max_batch, len(self._queue))
-            return [self._queue.popleft() for _ in range(n)]
+                if deadline - now <= 0:
+                    reason = "deadline"
+                    break
+                if self._stop or expected <= 0:
+                    reason = "nothing_expected"
+                    break
+                until = min(deadline, self._returning_until_ns) if returning else deadline
+                self._cond.wait(max(until - now, 1000) / 1e9)
+            n = min(target, len(self._queue))
+            queue, most = self._queue, min(self.max_batch, len(self._queue))
+            while n < most and queue[n].request == queue[n - 1].request:
+                n += 1  # the rest of a request's samples go with it: one request, one batch
+            self._running += n
+            return [self._queue.popleft() for _ in range(n)], reason
 
     def _loop(self, slot: int) -> None:
         while True:
             with self._forming:
-                items = self._take_batch()
-            if items is None:
+                taken = self._take_batch()
+            if taken is None:
                 return
             # callers may have cancelled their futures while queued: those are not run
-            items = [it for it in items if it.future.set_running_or_notify_cancel()]
+            items = [it for it in taken[0] if it.future.set_running_or_notify_cancel()]
             if items:
-                self._run(items, slot)
+                self._run(items, slot, taken[1], len(taken[0]))
+            elif taken[0]:
+                with self._cond:
+                    self._running -= len(taken[0])
 
     def _buffer(self, n: int, slot: int) -> np.ndarray:
         buf = self._buffers.get((slot, n))
@@ -252,7 +325,7 @@ class Batcher:
             buf = self._buffers[slot, n] = np.empty((n, *self.sample_shape), self.dtype)
         return buf
 
-    def _run(self, items: list[_Item], slot: int = 0) -> None:
+    def _run(self, items: list[_Item], slot: int = 0, reason: str = "full", n_taken: int = 0) -> None:
         start = time.perf_counter_ns()
         x = self._buffer(len(items), slot)
         for i, it in enumerate(items):
@@ -263,6 +336,12 @@ class Batcher:
         except Exception as e:  # answered to every caller of this batch
             y, error = None, e
         end = time.perf_counter_ns()
+        with self._cond:  # before any caller has its answer: each one is expected back from now on
+            self._running -= n_taken
+            if end >= self._returning_until_ns:
+                self._returning = 0
+            self._returning += len(items)
+            self._returning_until_ns = end + int(self.max_delay_ms * 1e6)
         for i, it in enumerate(items):
             if error is None:
                 it.future.set_result(np.array(y[i], copy=True))
@@ -282,3 +361,4 @@ class Batcher:
             s.request_us_total += request_ns / 1e3
             s.compute_us_total += (end - start) / 1e3
             s.max_wait_us = max(s.max_wait_us, (start - items[0].enqueued_ns) / 1e3)
+            s.close_reasons[reason] = s.close_reasons.get(reason, 0) + 1

@@ -98,9 +98,15 @@ class _Counters(BatcherStats):
         sizes = dict(self.batch_size_counts)
         for k, v in other.batch_size_counts.items():
             sizes[k] = sizes.get(k, 0) + v
-        out = {k: getattr(self, k) + getattr(other, k) for k in vars(self) if k != "batch_size_counts"}
+        dicts = ("batch_size_counts", "close_reasons")
+        out = {k: getattr(self, k) + getattr(other, k) for k in vars(self) if k not in dicts}
         out["max_wait_us"] = max(self.max_wait_us, other.max_wait_us)
-        return {**out, "batch_size_counts": dict(sorted(sizes.items()))}
+        # the synchronous path forms no batches: only the batcher's batches have close reasons
+        return {
+            **out,
+            "batch_size_counts": dict(sorted(sizes.items())),
+            "close_reasons": dict(other.close_reasons),
+        }
 
 
 class Runtime:
@@ -150,7 +156,8 @@ class Runtime:
             raise UsageError(
                 f"unknown performance hint {performance_hint!r}; choose one of: {', '.join(PERFORMANCE_HINTS)}"
             )
-        self.performance_hint = performance_hint  # OpenVINO: LATENCY, or THROUGHPUT streams in parallel
+        # OpenVINO: LATENCY, THROUGHPUT streams in parallel, or ADAPTIVE (both; see backends/openvino.py)
+        self.performance_hint = performance_hint
         manifest = self.build.manifest
         self.max_batch = self.build.max_batch
         self.input_shape = tuple(int(d) for d in manifest["input_shape"])

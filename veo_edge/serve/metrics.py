@@ -21,6 +21,7 @@ _IDLE_STATS: dict[str, Any] = {
     "requests_success": 0,
     "requests_failure": 0,
     "batch_size_counts": {},
+    "close_reasons": {},
     "batches": 0,
     "request_us_total": 0.0,
     "queue_us_total": 0.0,
@@ -144,6 +145,15 @@ class ServeCollector:
         for size, n in sorted(sizes.items()):
             batch.add_metric([*mv, str(size)], n)
         yield batch
+        closed = CounterMetricFamily(
+            "veo_edge_batches_closed",
+            "Batches by why they closed: full, nothing_expected (nothing more on its way) or deadline "
+            "(the queue delay ran out)",
+            labels=[*ml, "reason"],
+        )
+        for reason, n in sorted((s.get("close_reasons") or {}).items()):
+            closed.add_metric([*mv, reason], n)
+        yield closed
         active = GaugeMetricFamily(
             "veo_edge_active_backend", "1 for the backend now serving", labels=[*ml, "backend"]
         )
