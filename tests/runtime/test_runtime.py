@@ -160,9 +160,64 @@ def test_throughput_streams_serve_batches_in_parallel_with_the_same_answers(nano
     assert sum(k * v for k, v in stats["batch_size_counts"].items()) == 96 == stats["requests_success"]
 
 
+def test_adaptive_runs_a_lone_batch_on_the_latency_compile_and_overlapping_ones_on_streams(
+    nano_build: Path,
+) -> None:
+    """ADAPTIVE: one client back to back never overlaps itself, so every batch runs on the LATENCY
+    compile; a batch that starts while another runs takes a THROUGHPUT stream. Same answers on both."""
+    from veo_edge.runtime.backends.openvino import OpenVinoRunner
+
+    build = BuildDir.open(nano_build)
+    x = seeded(24, (3, 32, 32), seed=5)
+    want = reference(nano_build, x)
+    runner = OpenVinoRunner(build.artifact("openvino_xml"), max_batch=8, precision="f32", hint="ADAPTIVE")
+    with runner:
+        described = runner.describe()
+        assert described["performance_hint"] == "ADAPTIVE" and described["precision"] == "f32"
+        if runner.concurrency == 1:
+            pytest.skip("one OpenVINO stream on this machine: ADAPTIVE is LATENCY alone")
+        lone = np.concatenate([runner.infer(x[i : i + 1])["logits"] for i in range(12)])
+        assert runner.runs == {"latency": 12, "streams": 0}
+        # another batch in flight (the runner's own count, as a concurrent caller leaves it): streams
+        runner._in_flight += 1
+        try:
+            overlapped = np.concatenate([runner.infer(x[i : i + 1])["logits"] for i in range(12, 24)])
+        finally:
+            runner._in_flight -= 1
+        assert runner.runs == {"latency": 12, "streams": 12}
+        assert runner.describe()["adaptive_runs"] == {"latency": 12, "streams": 12}
+    got = np.concatenate([lone, overlapped])
+    assert float(np.abs(got - want).max()) <= tolerance(nano_build)
+
+
+def test_adaptive_serves_concurrent_callers_with_the_same_answers(nano_build: Path) -> None:
+    x = seeded(64, (3, 32, 32), seed=6)
+    want = reference(nano_build, x)
+    with veo_edge.Runtime(nano_build, backend="openvino", performance_hint="ADAPTIVE") as rt:
+        slots = rt.describe()["infer_requests_in_flight"]
+        assert rt._batcher.slots == slots
+        got: dict[int, np.ndarray] = {}
+
+        def caller(t: int) -> None:
+            for i in range(t, 64, 4):  # closed loop: the next sample once the last is answered
+                got[i] = rt.submit(x[i]).result(timeout=60)
+
+        threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats, runs = rt.stats(), rt.describe().get("adaptive_runs")
+    assert sorted(got) == list(range(64))
+    assert max(float(np.abs(got[i] - want[i]).max()) for i in range(64)) <= tolerance(nano_build)
+    assert stats["requests_success"] == 64
+    if runs is not None:  # more than one stream: every batch ran on one of the two compiles
+        assert runs["latency"] + runs["streams"] == stats["batches"]
+
+
 def test_unknown_performance_hint_is_refused(nano_build: Path) -> None:
     with pytest.raises(
-        UsageError, match="unknown performance hint 'FAST'; choose one of: LATENCY, THROUGHPUT"
+        UsageError, match="unknown performance hint 'FAST'; choose one of: LATENCY, THROUGHPUT, ADAPTIVE"
     ):
         veo_edge.Runtime(nano_build, performance_hint="FAST")
 

@@ -41,9 +41,11 @@ def serve(
         8002, "--metrics-port", help="Separate Prometheus port (0: any free port; -1: off)."
     ),
     performance_hint: str = typer.Option(
-        "LATENCY",
+        "ADAPTIVE",
         "--performance-hint",
-        help="OpenVINO: LATENCY (one request at a time, all cores) or THROUGHPUT (streams in parallel).",
+        help="OpenVINO: LATENCY (one request at a time, all cores), THROUGHPUT (streams in parallel) or "
+        "ADAPTIVE (both compiled: LATENCY for a batch that runs alone, streams under concurrent load; "
+        "twice the weights in memory).",
     ),
 ) -> None:
     """Serve builds over HTTP and gRPC (KServe v2 / Triton protocol, /metrics); SIGTERM drains, exits 0.

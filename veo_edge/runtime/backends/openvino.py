@@ -4,11 +4,20 @@ With ``hint="THROUGHPUT"`` the CPU plugin splits the cores into streams, each ru
 request; the runner then reports ``concurrency`` (OpenVINO's optimal number of infer requests) and runs
 that many batches in parallel when called from as many threads (the runtime's batcher slots). Each call
 takes an idle infer request of its batch size from a pool, so steady state creates no new requests.
+
+``hint="ADAPTIVE"`` compiles the model twice, LATENCY and THROUGHPUT (twice the weights in memory): a
+batch that runs alone runs on the LATENCY compile (all cores on it: a lone client's latency), a batch
+that starts while another runs goes to a THROUGHPUT stream (the streams keep every core busy under
+concurrent load, where one LATENCY request at a time leaves them waiting on each other). Measured on
+vit-tiny on 2 cores (README, `bench/serve_limit.py`): LATENCY alone serves 1 client as fast and 4
+clients at about 85 % of the machine's limit, THROUGHPUT alone 4 clients faster but 1 client at half
+the speed.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,8 +32,9 @@ log = logging.getLogger(__name__)
 # OpenVINO's names for the execution precisions veo-edge asks for. Every compile states one: left to
 # itself the CPU plugin picks bf16 on CPUs with AVX512-BF16 or AMX, and the results change with the machine.
 INFERENCE_PRECISIONS = {"f32": "f32", "bf16": "bf16"}
-#: OpenVINO's performance hints: LATENCY (one stream, all cores on each request) or THROUGHPUT (streams)
-PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT")
+#: OpenVINO's performance hints: LATENCY (one stream, all cores on each request) or THROUGHPUT (streams);
+#: ADAPTIVE is veo-edge's: both compiles, LATENCY for a batch that runs alone (see the module doc)
+PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "ADAPTIVE")
 
 
 def compile_config(
@@ -35,6 +45,8 @@ def compile_config(
         raise ValueError(
             f"unknown OpenVINO inference precision {precision!r}; choose one of: {', '.join(INFERENCE_PRECISIONS)}"
         )
+    if hint not in ("LATENCY", "THROUGHPUT"):
+        raise ValueError(f"OpenVINO compiles with LATENCY or THROUGHPUT, not {hint!r}")
     config: dict[str, Any] = {
         "INFERENCE_PRECISION_HINT": INFERENCE_PRECISIONS[precision],
         "PERFORMANCE_HINT": hint,
@@ -116,7 +128,12 @@ class OpenVinoRunner(Runner):
         #: batches this runner runs in parallel (set at activation: 1 for LATENCY)
         self.concurrency = 1
         self._compiled: Any = None
-        self._requests: dict[int, list[Any]] = {}  # idle infer requests by batch size
+        self._latency: Any = None  # ADAPTIVE: the LATENCY compile, for a batch that runs alone
+        self._requests: dict[tuple[bool, int], list[Any]] = {}  # idle infer requests (lone?, batch size)
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        #: ADAPTIVE: batches run on the LATENCY compile and on the THROUGHPUT streams
+        self.runs = {"latency": 0, "streams": 0}
 
     def _activate(self) -> None:
         try:
@@ -136,17 +153,12 @@ class OpenVinoRunner(Runner):
         if self.precision_note:
             log.warning("%s: %s", self.model, self.precision_note)
         # an int8 IR carries its quantized ops; everything around them runs at the stated f32
-        config = compile_config("f32" if served == "int8" else served, self.threads, self.hint)
+        compute = "f32" if served == "int8" else served
+        adaptive = self.hint == "ADAPTIVE"
+        config = compile_config(compute, self.threads, "THROUGHPUT" if adaptive else self.hint)
         if self.streams is not None:
             config["NUM_STREAMS"] = self.streams
-        self._compiled = core.compile_model(model, self.device, config)
-        self.compiled_precision = compiled_precision(self._compiled)
-        if self.compiled_precision != config["INFERENCE_PRECISION_HINT"]:
-            raise BackendError(
-                f"OpenVINO compiled {self.model} at {self.compiled_precision}, not the "
-                f"{config['INFERENCE_PRECISION_HINT']} that was asked for"
-            )
-        self.served_precision = served
+        self._compiled = self._compile(core, model, config)
         self._inputs = [_meta(p) for p in self._compiled.inputs]
         self._outputs = [_meta(p) for p in self._compiled.outputs]
         self.concurrency = (
@@ -154,30 +166,51 @@ class OpenVinoRunner(Runner):
             if self.hint == "LATENCY" and self.streams is None
             else max(1, int(self._compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
         )
+        if adaptive and self.concurrency > 1:  # one stream only (one core): nothing to adapt between
+            self._latency = self._compile(core, model, compile_config(compute, self.threads, "LATENCY"))
+        self.served_precision = served
+
+    def _compile(self, core: Any, model: Any, config: dict[str, Any]) -> Any:
+        compiled = core.compile_model(model, self.device, config)
+        self.compiled_precision = compiled_precision(compiled)
+        if self.compiled_precision != config["INFERENCE_PRECISION_HINT"]:
+            raise BackendError(
+                f"OpenVINO compiled {self.model} at {self.compiled_precision}, not the "
+                f"{config['INFERENCE_PRECISION_HINT']} that was asked for"
+            )
+        return compiled
 
     def _deactivate(self) -> None:
         self._requests.clear()
-        self._compiled = None
+        self._compiled = self._latency = None
 
     def _infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        # idle infer requests are kept per batch size: their tensors are reused, so steady state
-        # allocates nothing new; concurrent calls (THROUGHPUT streams) each take their own
+        # idle infer requests are kept per compile and batch size: their tensors are reused, so steady
+        # state allocates nothing new; concurrent calls (THROUGHPUT streams) each take their own
         batch = next(iter(feed.values())).shape[0]
-        idle = self._requests.setdefault(batch, [])
+        with self._lock:
+            lone = self._latency is not None and self._in_flight == 0
+            self._in_flight += 1
+            if self._latency is not None:
+                self.runs["latency" if lone else "streams"] += 1
+            idle = self._requests.setdefault((lone, batch), [])
+            request = idle.pop() if idle else None
+        compiled = self._latency if lone else self._compiled
         try:
-            request = idle.pop()
-        except IndexError:
-            request = self._compiled.create_infer_request()
-        try:
+            if request is None:
+                request = compiled.create_infer_request()
             result = request.infer(feed)
             return {
                 m.name: np.array(result[port])
-                for m, port in zip(self._outputs, self._compiled.outputs, strict=True)
+                for m, port in zip(self._outputs, compiled.outputs, strict=True)
             }
         except Exception as e:
             raise BackendError(f"OpenVINO inference failed: {e}") from e
         finally:
-            idle.append(request)
+            with self._lock:
+                self._in_flight -= 1
+                if request is not None:
+                    idle.append(request)
 
     def describe(self) -> dict[str, Any]:
         import openvino as ov
@@ -191,4 +224,5 @@ class OpenVinoRunner(Runner):
             **({"precision_note": self.precision_note} if self.precision_note else {}),
             "performance_hint": self.hint,
             "infer_requests_in_flight": self.concurrency,
+            **({"adaptive_runs": dict(self.runs)} if self._latency is not None else {}),
         }
