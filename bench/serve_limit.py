@@ -1,14 +1,17 @@
 """`veo-edge serve` against the machine's limit: raw OpenVINO in-process vs the server over HTTP and gRPC.
 
     python bench/serve_limit.py [--build-dir DIR] [--model vit-tiny] [--concurrency 1,2,4,8]
-                                [--seconds 5] [--rounds 2] [--hint LATENCY] [--perf-analyzer PATH]
+                                [--seconds 5] [--rounds 2] [--hint ADAPTIVE[,LATENCY,...]]
+                                [--perf-analyzer PATH]
                                 [--pytriton PYTHON]
 
 Rows, on the same OpenVINO IR at f32:
-- ``raw sync b1``: one LATENCY-compiled infer request, batch 1, back to back (what one client can get);
+- ``raw sync b1``: one LATENCY-compiled infer request, batch 1, back to back (what one client can get),
+  measured again at the start of every round (p50 pooled over rounds);
 - ``raw limit bN``: an ``AsyncInferQueue`` over a THROUGHPUT-compiled model (OpenVINO's streams, its
   optimal number of infer requests) kept full at batch N for N in 1, 2, 4, 8; the best is the limit;
-- ``serve http|grpc cK``: one ``veo-edge serve`` process (``--performance-hint``), K closed-loop clients
+- ``serve http|grpc cK``: one ``veo-edge serve`` process per ``--hint`` (its ``--performance-hint``; with
+  several hints the rows are ``HINT http|grpc cK``, all interleaved), K closed-loop clients
   sending batch-1 binary requests with ``tritonclient`` (threads) or, with ``--perf-analyzer``, with
   Triton's perf_analyzer. Transports and concurrencies are interleaved, ``--rounds`` times; throughput is
   the median over rounds, latency percentiles pool every round.
@@ -191,7 +194,9 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,2,4,8")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--hint", default="LATENCY", help="the server's --performance-hint")
+    ap.add_argument(
+        "--hint", default="ADAPTIVE", help="the server's --performance-hint; several, comma-separated"
+    )
     ap.add_argument("--perf-analyzer", default=None, help="drive the server with this perf_analyzer binary")
     ap.add_argument("--pytriton", default=None, help="a Python with nvidia-pytriton: compare against Triton")
     args = ap.parse_args()
@@ -205,8 +210,10 @@ def main() -> None:
         xml, name = str(bd.artifact("openvino_xml")), bd.model_name
         x = sample(build, 1)
         print(f"{name}, batch 1 per request, {args.seconds:g} s per cell; latency in ms")
-        sync = raw_sync(xml, x, args.seconds)
-        print(f"raw sync b1            {sync['samples_s']:8.1f} samples/s  p50 {sync['p50'] / 1e3:6.2f}")
+        syncs = [raw_sync(xml, x, args.seconds)]
+        print(
+            f"raw sync b1            {syncs[0]['samples_s']:8.1f} samples/s  p50 {syncs[0]['p50'] / 1e3:6.2f}"
+        )
         limit = 0.0
         for b in (1, 2, 4, 8):
             if b > bd.max_batch:
@@ -215,13 +222,21 @@ def main() -> None:
             limit = max(limit, r["samples_s"])
             print(f"raw limit b{b} ({r['requests']} reqs) {r['samples_s']:8.1f} samples/s")
         cells: dict[tuple[str, str, int], list[dict]] = {}
-        with (
-            server(build, "--max-queue", "4096", "--performance-hint", args.hint, ports=True) as ours,
-            pytriton(args.pytriton, build) as triton,
-        ):
-            targets = [("serve", t, ours[t]) for t in ("http", "grpc")]
+        hints = [h.strip().upper() for h in args.hint.split(",") if h.strip()]
+        with contextlib.ExitStack() as stack:
+            ours = {
+                h: stack.enter_context(
+                    server(build, "--max-queue", "4096", "--performance-hint", h, ports=True)
+                )
+                for h in hints
+            }
+            triton = stack.enter_context(pytriton(args.pytriton, build))
+            label = (lambda h: "serve") if len(hints) == 1 else (lambda h: h.lower()[:8])
+            targets = [(label(h), t, ours[h][t]) for h in hints for t in ("http", "grpc")]
             targets += [("triton", t, triton[t]) for t in ("http", "grpc")] if triton else []
-            for _ in range(args.rounds):
+            for i in range(args.rounds):
+                if i:  # raw sync again: the machine may be shared, and c1 is compared with it
+                    syncs.append(raw_sync(xml, x, args.seconds))
                 for k in levels:
                     for who, transport, port in targets:
                         if args.perf_analyzer:
@@ -229,6 +244,9 @@ def main() -> None:
                         else:
                             r = clients(transport, port, name, x, k, args.seconds)
                         cells.setdefault((who, transport, k), []).append(r)
+        sync = {"p50": _median(s["p50"] for s in syncs)}
+        each = ", ".join(f"{r['p50'] / 1e3:.2f}" for r in syncs)
+        print(f"raw sync b1 p50 over {len(syncs)} round(s): {sync['p50'] / 1e3:.2f} ms ({each})")
         print(f"{'':22} {'samples/s':>9} {'p50':>7} {'p99':>7} {'errors':>6} {'of limit':>8} {'p50-sync':>8}")
         rates: dict[tuple[str, str, int], float] = {}
         for k in levels:
@@ -241,20 +259,21 @@ def main() -> None:
                 else:
                     pct = {"p50": _median(r["p50"] for r in rs), "p99": _median(r["p99"] for r in rs)}
                 print(
-                    f"{who:6} {transport:4} c{k:<10} {rate:9.1f} {pct['p50'] / 1e3:7.2f} {pct['p99'] / 1e3:7.2f} "
+                    f"{who:8} {transport:4} c{k:<8} {rate:9.1f} {pct['p50'] / 1e3:7.2f} {pct['p99'] / 1e3:7.2f} "
                     f"{sum(r['errors'] for r in rs):6d} {rate / limit:8.0%} "
                     f"{(pct['p50'] - sync['p50']) / 1e3:+8.2f}"
                 )
 
         if triton:
-            print(
-                "serve / triton throughput: "
-                + ", ".join(
-                    f"{t} c{k} {rates['serve', t, k] / rates['triton', t, k]:.2f}x"
-                    for k in levels
-                    for t in ("http", "grpc")
+            for who in dict.fromkeys(w for w, _, _ in targets if w != "triton"):
+                print(
+                    f"{who} / triton throughput: "
+                    + ", ".join(
+                        f"{t} c{k} {rates[who, t, k] / rates['triton', t, k]:.2f}x"
+                        for k in levels
+                        for t in ("http", "grpc")
+                    )
                 )
-            )
 
 
 def _median(values) -> float:
