@@ -54,6 +54,9 @@ class Limits:
     max_connections: int = 1024
     #: JSON request heads larger than this are decoded in a worker process, off the event loop
     offload_json_bytes: int = 1 << 20
+    #: body bytes a connection buffers before the application reads them (reading pauses above it);
+    #: uvicorn's 64 KiB turns a 600 KB tensor into ten pause/resume round trips through the event loop
+    read_high_water_bytes: int = 1 << 20
 
 
 #: how long a rejected connection keeps draining the client's input before it closes
@@ -151,6 +154,16 @@ def make_protocol(limits: Limits, on_reject: Callable[[int], None]) -> type:
                 self._reject(431, f"the request head exceeds {limits.max_head_bytes} bytes")
 
         # -- parser callbacks -------------------------------------------------------------------
+        def on_body(self, body: bytes) -> None:
+            # uvicorn's own, with a higher read high-water mark (Limits.read_high_water_bytes)
+            cycle = self.cycle
+            if cycle.response_complete or (self.parser.should_upgrade() and self._should_upgrade()):
+                return
+            cycle.body += body
+            if len(cycle.body) > limits.read_high_water_bytes:
+                self.flow.pause_reading()
+            cycle.message_event.set()
+
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._in_head, self._head_size, self._header_count = True, 0, 0
