@@ -5,7 +5,7 @@
                                 [--perf-analyzer PATH]
                                 [--pytriton PYTHON]
 
-Rows, on the same OpenVINO IR at f32:
+Rows, on the same OpenVINO IR (the one the build serves: f32, or its int8 IR; the compiles state f32):
 - ``raw sync b1``: one LATENCY-compiled infer request, batch 1, back to back (what one client can get),
   measured again at the start of every round (p50 pooled over rounds);
 - ``raw limit bN``: an ``AsyncInferQueue`` over a THROUGHPUT-compiled model (OpenVINO's streams, its
@@ -16,8 +16,8 @@ Rows, on the same OpenVINO IR at f32:
   Triton's perf_analyzer. Transports and concurrencies are interleaved, ``--rounds`` times; throughput is
   the median over rounds, latency percentiles pool every round.
 - ``triton http|grpc cK`` (with ``--pytriton PYTHON``, a Python with nvidia-pytriton and openvino):
-  Triton through PyTriton on the same IR, same 2 ms queue delay (``bench/pytriton_server.py``),
-  interleaved with the rows above.
+  Triton through PyTriton on the build's f32 IR, same 2 ms queue delay (``bench/pytriton_server.py``),
+  interleaved with the rows above (for an int8 build: our int8 against Triton's f32).
 
 All on loopback; bounded in time. The machine may be shared: check ``uptime`` first, and read the
 numbers as noisy.
@@ -207,9 +207,14 @@ def main() -> None:
         from veo_edge.builddir import BuildDir
 
         bd = BuildDir.open(build)
-        xml, name = str(bd.artifact("openvino_xml")), bd.model_name
+        from veo_edge.runtime.loaders import served_precision
+
+        # the raw rows run the IR the server serves (an int8 build: its quantized IR); PyTriton the f32 one
+        precision = served_precision(bd, "openvino")
+        xml = str(bd.artifact("openvino_int8_xml" if precision == "int8" else "openvino_xml"))
+        name = bd.model_name
         x = sample(build, 1)
-        print(f"{name}, batch 1 per request, {args.seconds:g} s per cell; latency in ms")
+        print(f"{name} ({precision} IR), batch 1 per request, {args.seconds:g} s per cell; latency in ms")
         syncs = [raw_sync(xml, x, args.seconds)]
         print(
             f"raw sync b1            {syncs[0]['samples_s']:8.1f} samples/s  p50 {syncs[0]['p50'] / 1e3:6.2f}"
