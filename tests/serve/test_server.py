@@ -123,6 +123,12 @@ def test_metrics(client, nano_server):
     assert lines['nv_inference_compute_infer_duration_us{model="vit-nano",version="1"}'] > 0
     assert lines['veo_edge_ready{model="vit-nano",version="1"}'] == 1
     assert lines["process_resident_memory_bytes"] > 0
+    # every batch the batcher formed says why it closed (the canary's synchronous runs form none)
+    closed = [v for k, v in lines.items() if k.startswith('veo_edge_batches_closed_total{model="vit-nano"')]
+    assert 1 <= sum(closed) <= lines['nv_inference_exec_count{model="vit-nano",version="1"}']
+    lone = 'veo_edge_openvino_batches_total{compile="latency",model="vit-nano",version="1"}'
+    if lone in lines:  # serve's default ADAPTIVE hint, on a machine with more than one stream
+        assert lines[lone] >= 1  # this client's requests came one at a time: at least one ran alone
     for name in (
         "nv_inference_queue_duration_us",
         "nv_inference_request_duration_us",

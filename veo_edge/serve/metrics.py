@@ -169,6 +169,14 @@ class ServeCollector:
         if described.get("precision"):
             precision.add_metric([*mv, str(s["active_backend"]), str(described["precision"])], 1)
         yield precision
+        compiles = CounterMetricFamily(
+            "veo_edge_openvino_batches",
+            "OpenVINO ADAPTIVE: batches run on its LATENCY compile (alone) and on its THROUGHPUT streams",
+            labels=[*ml, "compile"],
+        )
+        for compile_, n in sorted((described.get("adaptive_runs") or {}).items()):
+            compiles.add_metric([*mv, compile_], n)
+        yield compiles
         switches = CounterMetricFamily(
             "veo_edge_fallback_switches", "Switches to a fallback backend", labels=ml
         )
