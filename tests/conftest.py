@@ -73,7 +73,7 @@ def docker_engine():
     unless VEO_EDGE_REQUIRE_DOCKER=1 (CI) makes that a failure."""
     import tempfile
 
-    from tests.support.dockerd import DockerEngine, EngineUnavailable, require_docker
+    from tests.support.dockerd import DockerEngine, EngineUnavailable, remove_root, require_docker
 
     root = Path(tempfile.mkdtemp(prefix="veo-dk-", dir="/tmp"))
     engine = DockerEngine(root)
@@ -89,7 +89,7 @@ def docker_engine():
         yield engine
     finally:
         engine.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        remove_root(root)
 
 
 @pytest.fixture(scope="session")

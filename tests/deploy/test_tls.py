@@ -5,14 +5,13 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
-import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.cli.test_cli import veo
-from tests.support.dockerd import DockerEngine
+from tests.support.dockerd import DockerEngine, remove_root
 from tests.support.net import free_port
 
 
@@ -93,7 +92,7 @@ def tls_engine(docker_engine):
     ).start()
     yield engine, f"tcp://127.0.0.1:{port}", pki
     engine.close()
-    shutil.rmtree(root, ignore_errors=True)
+    remove_root(root)
 
 
 def test_deploy_over_mutual_tls_and_refusals(docker_engine, tls_engine, test_images) -> None:

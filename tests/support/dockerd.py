@@ -18,6 +18,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+
+def remove_root(root: Path) -> None:
+    """Delete an engine's root. dockerd leaves its network namespace (``exec/netns/default``) bind-mounted
+    when it stops, and a mount point cannot be removed: unmount what is mounted under the root first."""
+    prefix = str(Path(root).resolve()) + "/"
+    try:
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except OSError:
+        mounts = []
+    for target in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+    shutil.rmtree(root, ignore_errors=True)
+
+
 REPO = Path(__file__).resolve().parents[2]
 BASE_IMAGE = "veo-edge/base:bookworm-python3"
 
@@ -129,7 +143,7 @@ class DockerEngine:
             for cid in self.docker("ps", "-aq", check=False).stdout.split():
                 self.docker("rm", "-f", cid, check=False)
         self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
+        remove_root(self.root)
 
     def ensure_base_image(self, tag: str = BASE_IMAGE) -> str:
         """Import the local Debian base (packaging/base/make-base-image.sh; cached tarball) if absent."""
