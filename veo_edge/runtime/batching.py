@@ -220,12 +220,6 @@ class Batcher:
         return self._arriving
 
     @property
-    def returning(self) -> int:
-        """Callers answered within the window who have not sent again (0 once the window has passed)."""
-        with self._cond:
-            return self._returning if time.perf_counter_ns() < self._returning_until_ns else 0
-
-    @property
     def alive(self) -> bool:
         """Whether any batching thread still runs (after a close that timed out while draining)."""
         return any(t.is_alive() for t in self._threads)
@@ -233,13 +227,7 @@ class Batcher:
     def stats(self) -> BatcherStats:
         with self._stats_lock:
             s = self._stats
-            return BatcherStats(
-                **{
-                    **vars(s),
-                    "batch_size_counts": dict(s.batch_size_counts),
-                    "close_reasons": dict(s.close_reasons),
-                }
-            )
+            return BatcherStats(**{k: dict(v) if isinstance(v, dict) else v for k, v in vars(s).items()})
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop accepting. With ``drain`` every queued sample is still run; otherwise queued samples
@@ -277,7 +265,6 @@ class Batcher:
             # the slot idles at most max_delay_ms for it (from the first sample's arrival, or from when
             # the slot came free for samples that queued while it was busy)
             deadline = max(self._queue[0].enqueued_ns, free_ns) + delay_ns
-            reason = "full"
             while True:
                 now = time.perf_counter_ns()
                 returning = self._returning if now < self._returning_until_ns else 0
@@ -311,13 +298,14 @@ class Batcher:
                 taken = self._take_batch()
             if taken is None:
                 return
+            taken_items, reason = taken
             # callers may have cancelled their futures while queued: those are not run
-            items = [it for it in taken[0] if it.future.set_running_or_notify_cancel()]
-            if items:
-                self._run(items, slot, taken[1], len(taken[0]))
-            elif taken[0]:
+            items = [it for it in taken_items if it.future.set_running_or_notify_cancel()]
+            if len(items) < len(taken_items):
                 with self._cond:
-                    self._running -= len(taken[0])
+                    self._running -= len(taken_items) - len(items)
+            if items:
+                self._run(items, slot, reason)
 
     def _buffer(self, n: int, slot: int) -> np.ndarray:
         buf = self._buffers.get((slot, n))
@@ -325,7 +313,7 @@ class Batcher:
             buf = self._buffers[slot, n] = np.empty((n, *self.sample_shape), self.dtype)
         return buf
 
-    def _run(self, items: list[_Item], slot: int = 0, reason: str = "full", n_taken: int = 0) -> None:
+    def _run(self, items: list[_Item], slot: int = 0, reason: str = "full") -> None:
         start = time.perf_counter_ns()
         x = self._buffer(len(items), slot)
         for i, it in enumerate(items):
@@ -337,7 +325,7 @@ class Batcher:
             y, error = None, e
         end = time.perf_counter_ns()
         with self._cond:  # before any caller has its answer: each one is expected back from now on
-            self._running -= n_taken
+            self._running -= len(items)
             if end >= self._returning_until_ns:
                 self._returning = 0
             self._returning += len(items)
