@@ -20,17 +20,25 @@ def _cli(*argv: str) -> int:
     return exc.value.code
 
 
-def test_soak_against_a_server(nano_build: Path, server, tmp_path: Path, capsys):
-    url = server(nano_build)
-    run = tmp_path / "run"
-    args = ["soak", "--url", url, "--duration", "30s", "--rate", "20", "--out", str(run), "--no-live"]
-    code = _cli(*args, "--max-jitter-ms", "1e6", "--leak-floor", "1G")
+def _complete_soak(run: Path, kind: str, capsys, *args: str) -> dict:
+    """Run ``veo-edge soak ARGS --out RUN --no-live``; its report, checked complete with every request
+    answered and the exit code following the verdict."""
+    code = _cli("soak", *args, "--out", str(run), "--no-live")
     out = capsys.readouterr().out
     report = json.loads((run / "report.json").read_text())
     assert code == (0 if report["verdict"]["pass"] else 50), out
-    assert report["run"]["kind"] == "http" and report["run"]["status"] == "complete"
+    assert report["run"]["kind"] == kind and report["run"]["status"] == "complete"
     req = report["requests"]
     assert req["issued"] == req["ok"] > 0 and req["errors"] == req["lost"] == 0, req["first_errors"]
+    return report
+
+
+def test_soak_against_a_server(nano_build: Path, server, tmp_path: Path, capsys):
+    url = server(nano_build)
+    run = tmp_path / "run"
+    args = ["--url", url, "--duration", "30s", "--rate", "20", "--max-jitter-ms", "1e6", "--leak-floor", "1G"]
+    report = _complete_soak(run, "http", capsys, *args)
+    req = report["requests"]
     for name in ("latency.png", "memory.png", "histogram.png", "throughput.png"):
         assert (run / name).read_bytes()[:8] == PNG
     # memory is the server's, from /metrics (process_resident_memory_bytes), not this client's
@@ -54,14 +62,9 @@ def test_soak_against_a_server(nano_build: Path, server, tmp_path: Path, capsys)
 def test_soak_over_grpc(nano_build: Path, server, tmp_path: Path, capsys):
     """The same soak through the server's KServe v2 gRPC port (tritonclient.grpc, raw contents)."""
     url = server(nano_build, grpc=True)
-    run = tmp_path / "run-grpc"
-    args = ["soak", "--url", url, "--model-name", "vit-nano", "--duration", "10s", "--rate", "20"]
-    code = _cli(*args, "--out", str(run), "--no-live", "--max-jitter-ms", "1e6", "--leak-floor", "1T")
-    out = capsys.readouterr().out
-    report = json.loads((run / "report.json").read_text())
-    assert code == (0 if report["verdict"]["pass"] else 50), out
-    assert report["run"]["kind"] == "grpc" and report["run"]["status"] == "complete"
-    req = report["requests"]
-    assert req["issued"] == req["ok"] > 0 and req["errors"] == req["lost"] == 0, req["first_errors"]
-    assert report["latency_ms"]["overall"]["count"] == req["ok"]
+    args = ["--url", url, "--model-name", "vit-nano", "--duration", "10s", "--rate", "20"]
+    report = _complete_soak(
+        tmp_path / "run-grpc", "grpc", capsys, *args, "--max-jitter-ms", "1e6", "--leak-floor", "1T"
+    )
+    assert report["latency_ms"]["overall"]["count"] == report["requests"]["ok"]
     assert _cli("soak", "--url", "grpc://127.0.0.1", "--duration", "1s", "--out", str(tmp_path / "x")) == 2
