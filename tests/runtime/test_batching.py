@@ -122,15 +122,20 @@ def test_samples_queued_while_the_slot_is_busy_fill_the_next_batches() -> None:
     assert s.max_wait_us >= 200e3 * 0.999
 
 
-def closed_loop(b: Batcher, clients: int, rounds: int) -> None:
-    """``clients`` threads, each sending its next sample as soon as it has the answer to the last."""
+def closed_loop(b: Batcher, clients: int, rounds: int, together: bool = False) -> None:
+    """``clients`` threads, each sending its next sample as soon as it has the answer to the last.
+    ``together``: their first samples are announced at once (one :meth:`Batcher.expect`), so the first
+    batch holds every client and they stay in step; otherwise one thread may start a round or two ahead
+    of the others (threads start when the scheduler lets them)."""
     start = threading.Barrier(clients, timeout=30)
+    first = b.expect(clients) if together else None
 
     def client(c: int) -> None:
         start.wait()
         for r in range(rounds):
             x = np.full(SHAPE, c * 1000 + r, np.float32)
-            assert float(b.submit(x).result(timeout=60)[0]) == 2.0 * (c * 1000 + r)
+            got = b.submit(x, first if r == 0 else None).result(timeout=60)
+            assert float(got[0]) == 2.0 * (c * 1000 + r)
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     for t in threads:
@@ -140,26 +145,17 @@ def closed_loop(b: Batcher, clients: int, rounds: int) -> None:
 
 
 def test_answered_callers_are_waited_for_so_concurrent_batches_fill() -> None:
-    """Four closed-loop clients on one slot: the slot waits (within the window) for the callers it has
-    just answered instead of running whoever is queued, so batches hold all four clients."""
-    gate = threading.Semaphore(0)
-
-    def paced(x: np.ndarray) -> np.ndarray:
-        gate.acquire(timeout=30)  # released by the test: no batch runs before the next is let through
-        return double(x)
-
-    b = Batcher(paced, SHAPE, "float32", max_batch=8, max_delay_ms=5_000, max_queue=64)
+    """Four closed-loop clients on one slot, in step from their first (announced) samples: the slot
+    waits (within the window) for the callers it has just answered instead of running whoever is back
+    first, so every batch holds all four. Without the returning expectation each batch would go with
+    the first caller back (batches of 1)."""
+    b = Batcher(double, SHAPE, "float32", max_batch=8, max_delay_ms=60_000, max_queue=64)
     rounds = 12
-    feeder = threading.Thread(target=lambda: [gate.release() for _ in range(10 * rounds)], daemon=True)
-    feeder.start()
-    closed_loop(b, clients=4, rounds=rounds)
+    closed_loop(b, clients=4, rounds=rounds, together=True)
     b.close()
     s = b.stats()
-    assert sum(k * v for k, v in s.batch_size_counts.items()) == 4 * rounds
-    # the first batch may hold fewer (the clients start together, not in one instant), and so may the
-    # last ones: after that, every batch holds all four
-    assert s.batch_size_counts.get(4, 0) >= rounds - 2, s.batch_size_counts
-    assert max(s.batch_size_counts) == 4
+    assert s.batch_size_counts == {4: rounds}, s.batch_size_counts
+    assert "deadline" not in s.close_reasons, s.close_reasons  # each closed as its fourth sample came
 
 
 def test_two_slots_share_four_closed_loop_clients_evenly() -> None:
