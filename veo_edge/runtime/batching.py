@@ -97,6 +97,8 @@ class Arrival:
 
     def done(self, n: int | None = None) -> None:
         """``n`` of the announced samples came (or will not come); all of them when ``None``."""
+        if not self.left:
+            return  # all came (the usual end of a request): nothing to withdraw, no one to wake
         b = self._batcher
         with b._cond:
             k = self.left if n is None else min(n, self.left)
