@@ -297,6 +297,7 @@ class HttpServer:
             log_config=None,
             access_log=False,
             server_header=False,
+            proxy_headers=False,  # nothing reads the client's address: its middleware is a call a request
             timeout_keep_alive=self.limits.keepalive_timeout_s,  # type: ignore[arg-type]
             timeout_graceful_shutdown=max(1, round(drain_timeout_s)),
             backlog=1024,
