@@ -22,12 +22,11 @@ import contextlib
 import json
 import statistics
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 from _server import build_dir, sample, server
-from serve_limit import perf_analyzer
+from serve_limit import perf_analyzer, served_ir, sync_request, time_sync
 
 
 def main() -> None:
@@ -41,31 +40,14 @@ def main() -> None:
     ap.add_argument("--perf-analyzer", required=True, help="Triton's perf_analyzer binary")
     ap.add_argument("--checkout", default=None, help="also serve the veo_edge of this tree (first hint)")
     args = ap.parse_args()
-    import openvino as ov
-
     from veo_edge.builddir import BuildDir
-    from veo_edge.runtime.backends.openvino import compile_config
-    from veo_edge.runtime.loaders import served_precision
 
     hints = [h.strip().upper() for h in args.hint.split(",") if h.strip()]
     with build_dir(args.build_dir, args.model) as build, contextlib.ExitStack() as stack:
         bd = BuildDir.open(build)
-        precision = served_precision(bd, "openvino")
-        xml = str(bd.artifact("openvino_int8_xml" if precision == "int8" else "openvino_xml"))
+        precision, xml = served_ir(bd)
         x = sample(build, 1)
-        core = ov.Core()
-        compiled = core.compile_model(core.read_model(xml), "CPU", compile_config("f32", hint="LATENCY"))
-        request = compiled.create_infer_request()
-
-        def raw_p50() -> float:
-            for _ in range(3):
-                request.infer(x)
-            lat, stop = [], time.perf_counter() + args.seconds
-            while time.perf_counter() < stop:
-                t = time.perf_counter()
-                request.infer(x)
-                lat.append(time.perf_counter() - t)
-            return statistics.median(lat) * 1e3
+        request = sync_request(xml)  # compiled once: every pair's raw cell runs it
 
         ports = {h: stack.enter_context(server(build, "--performance-hint", h, ports=True)) for h in hints}
         if args.checkout:
@@ -88,7 +70,7 @@ def main() -> None:
         raws: list[float] = []
         rows: dict[str, list[tuple[float, float, float]]] = {h: [] for h in hints}  # p50, queue, compute
         for i in range(args.pairs):
-            raws.append(raw_p50())
+            raws.append(time_sync(request, x, args.seconds)["p50"] / 1e3)
             line = [f"pair {i + 1}: raw {raws[-1]:6.2f}"]
             for h in hints:
                 before = stats(ports[h]["http"])

@@ -44,14 +44,27 @@ import numpy as np
 from _server import build_dir, percentiles, sample, server
 
 
-def raw_sync(xml: str, x: np.ndarray, seconds: float) -> dict:
+def served_ir(bd) -> tuple[str, str]:
+    """(precision, IR path) of what the build serves on the CPU: f32, or its int8 IR."""
+    from veo_edge.runtime.loaders import served_precision
+
+    precision = served_precision(bd, "openvino")
+    return precision, str(bd.artifact("openvino_int8_xml" if precision == "int8" else "openvino_xml"))
+
+
+def sync_request(xml: str):
+    """One infer request on a LATENCY compile of ``xml`` (f32 stated): raw sync batch 1."""
     import openvino as ov
 
     from veo_edge.runtime.backends.openvino import compile_config
 
     core = ov.Core()
     compiled = core.compile_model(core.read_model(xml), "CPU", compile_config("f32", hint="LATENCY"))
-    request = compiled.create_infer_request()
+    return compiled.create_infer_request()
+
+
+def time_sync(request, x: np.ndarray, seconds: float) -> dict:
+    """``request`` run on ``x`` back to back for ``seconds`` (after 5 unmeasured runs)."""
     for _ in range(5):
         request.infer(x)
     lat = []
@@ -61,6 +74,10 @@ def raw_sync(xml: str, x: np.ndarray, seconds: float) -> dict:
         request.infer(x)
         lat.append(time.perf_counter() - t)
     return {"samples_s": len(lat) / sum(lat), **percentiles(lat)}
+
+
+def raw_sync(xml: str, x: np.ndarray, seconds: float) -> dict:
+    return time_sync(sync_request(xml), x, seconds)
 
 
 def raw_limit(xml: str, x1: np.ndarray, batch: int, seconds: float) -> dict:
@@ -208,11 +225,8 @@ def main() -> None:
         from veo_edge.builddir import BuildDir
 
         bd = BuildDir.open(build)
-        from veo_edge.runtime.loaders import served_precision
-
         # the raw rows run the IR the server serves (an int8 build: its quantized IR); PyTriton the f32 one
-        precision = served_precision(bd, "openvino")
-        xml = str(bd.artifact("openvino_int8_xml" if precision == "int8" else "openvino_xml"))
+        precision, xml = served_ir(bd)
         name = bd.model_name
         x = sample(build, 1)
         print(f"{name} ({precision} IR), batch 1 per request, {args.seconds:g} s per cell; latency in ms")
