@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from veo_edge.cli.soak import VERDICT_FAIL  # the soak's exit code when its verdict is "fail"
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 #: a 30 s run cannot resolve the 72-hour floor (1 MiB/h is 8.7 KiB in 30 s, below RSS noise): its floor
 #: is 1 GiB/h (8.5 MiB in 30 s); the planted leak below is ~4.6 GiB/h
 SHORT_FLOOR = GiB
 PNG = b"\x89PNG\r\n\x1a\n"
-#: the soak's exit code when its verdict is "fail" (veo_edge.cli.soak.VERDICT_FAIL)
-VERDICT_FAIL = 50
 
 
 def _soak(build: Path, run_dir: Path, *args: str, env: dict | None = None) -> tuple[int, dict]:
