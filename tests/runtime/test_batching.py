@@ -365,3 +365,24 @@ def test_steady_state_allocates_nothing_that_stays() -> None:
     # the last batch's futures are still referenced (~15 KiB); a leak of one future per request would be
     # hundreds of KiB over these ~1,300 requests
     assert grown < 64 << 10, f"{grown} bytes stayed allocated after 300 batches"
+
+
+def test_a_caller_that_reads_the_stats_after_its_answer_sees_its_batch() -> None:
+    """The stats count a batch before its callers are answered: a done-callback (which runs as the
+    answer is set, on the batching thread) already sees it."""
+    go = threading.Event()
+
+    def gated(x: np.ndarray) -> np.ndarray:
+        go.wait(30)
+        return double(x)
+
+    b = Batcher(gated, SHAPE, "float32", max_batch=4, max_delay_ms=0, max_queue=16)
+    counted: list[tuple[int, int]] = []
+    for _ in range(3):
+        go.clear()
+        f = b.submit(np.ones(SHAPE, np.float32))
+        f.add_done_callback(lambda _: counted.append((b.stats().requests_success, b.stats().batches)))
+        go.set()
+        f.result(timeout=30)
+    b.close()
+    assert counted == [(1, 1), (2, 2), (3, 3)]

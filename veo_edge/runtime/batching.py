@@ -332,11 +332,8 @@ class Batcher:
                 self._returning = 0
             self._returning += len(items)
             self._returning_until_ns = end + int(self.max_delay_ms * 1e6)
-        for i, it in enumerate(items):
-            if error is None:
-                it.future.set_result(np.array(y[i], copy=True))
-            else:
-                it.future.set_exception(error)
+        # counted before anyone is answered: a caller that reads the stats once it has its answer
+        # (or a done-callback, which runs as the answer is set) sees its batch
         queue_ns = sum(start - it.enqueued_ns for it in items)
         request_ns = sum(end - it.enqueued_ns for it in items)
         with self._stats_lock:
@@ -352,3 +349,8 @@ class Batcher:
             s.compute_us_total += (end - start) / 1e3
             s.max_wait_us = max(s.max_wait_us, (start - items[0].enqueued_ns) / 1e3)
             s.close_reasons[reason] = s.close_reasons.get(reason, 0) + 1
+        for i, it in enumerate(items):
+            if error is None:
+                it.future.set_result(np.array(y[i], copy=True))
+            else:
+                it.future.set_exception(error)
