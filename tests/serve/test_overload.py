@@ -33,3 +33,19 @@ def test_overload_is_503_then_recovers(serve, nano_build):
         == 200
     )
     assert server.request("GET", "/v2/health/ready")[0] == 200
+
+
+def test_an_infer_past_the_timeout_is_504_and_the_next_one_is_answered(serve, nano_build):
+    """Each batch runs 1.5 s (slow_ms) against a 0.3 s --infer-timeout: the request is answered 504 with
+    the reason once the timeout passes; with the timeout raised the same request is answered."""
+    slow = {"VEO_EDGE_FAULTS": json.dumps({"*": {"slow_ms": 1500}})}
+    x = np.zeros((1, 3, 32, 32), np.float32)
+    body, hlen = encode_infer_request({"input": x})
+    headers = {"Inference-Header-Content-Length": str(hlen)}
+    server = serve(nano_build, "--infer-timeout", "0.3", env=slow)
+    status, _, payload = server.request("POST", "/v2/models/vit-nano/infer", body, headers)
+    assert status == 504, payload
+    assert json.loads(payload)["error"] == "inference did not finish within 0.3 s"
+    patient = serve(nano_build, "--infer-timeout", "30", env=slow)
+    status, _, payload = patient.request("POST", "/v2/models/vit-nano/infer", body, headers)
+    assert status == 200, payload

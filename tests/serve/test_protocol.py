@@ -254,3 +254,32 @@ def test_classification_response(binary):
         values = out["data"]
     # highest first; ties keep the lower index first (a stable sort)
     assert values == ["2.000000:1:c1", "2.000000:3:c3", "0.500000:0:c0"]
+
+
+@pytest.mark.parametrize("request_id", [None, "a", "b"])
+def test_a_binary_response_head_names_each_output_with_its_shape_size_and_the_id(request_id):
+    x = _x(3)
+    body, hlen = encode_infer_request({"input": x})
+    req = parse_infer_request(body, hlen, MODEL)
+    req.id = request_id
+    y = np.arange(30, dtype=np.float32).reshape(3, 10)
+    chunks, rhlen = encode_infer_response(MODEL, req, {"logits": y})
+    head = json.loads(bytes(chunks[0]))
+    assert rhlen == len(chunks[0])
+    want = {
+        "model_name": "vit-nano",
+        "model_version": "1",
+        "outputs": [
+            {"name": "logits", "datatype": "FP32", "shape": [3, 10], "parameters": {"binary_data_size": 120}}
+        ],
+    }
+    if request_id is not None:
+        want["id"] = request_id
+    assert head == want
+    np.testing.assert_array_equal(
+        np.frombuffer(b"".join(bytes(c) for c in chunks[1:]), np.float32), y.ravel()
+    )
+    big_endian = y.astype(">f4")  # sent little-endian whatever the array's byte order
+    chunks, rhlen = encode_infer_response(MODEL, req, {"logits": big_endian})
+    assert json.loads(bytes(chunks[0]))["outputs"][0]["datatype"] == "FP32"
+    np.testing.assert_array_equal(np.frombuffer(bytes(chunks[1]), "<f4"), y.ravel())
