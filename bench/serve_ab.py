@@ -1,0 +1,116 @@
+"""A change to the serving path, measured request by request: two `veo-edge serve`, one per tree, at 1 client.
+
+    python bench/serve_ab.py --old OLD_TREE [--new NEW_TREE] [--build-dir DIR] [--requests 600] [--runs 4]
+
+On a shared machine a 17 ms model's p50 moves by milliseconds between minutes, so two cells taken one
+after the other (``serve_c1.py``) cannot resolve a change of 0.1 ms. Here one client alternates every
+request between the server of the old tree and that of the new one (in a random order per pair), and
+the result is the median of the paired differences, with a bootstrap 95 % interval. The two servers are
+not interchangeable even on the same tree (the one started second answered 0.1-0.3 ms faster in an
+A/A run here), so each run starts them in turn (old first, then new first) and the net effect is half
+the difference between the two orders, averaged over the runs. The client is the standard library's
+HTTP client with a binary request as perf_analyzer sends it; its own cost is the same for both.
+Loopback only, bounded in requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from _server import build_dir, sample, server
+
+
+def run(build: Path, first: str, second: str, requests: int, hint: str, seed: int) -> float:
+    """Median over request pairs of (second tree's latency - first tree's), in ms; prints the run."""
+    from veo_edge.builddir import BuildDir
+    from veo_edge.serve.protocol import encode_infer_request
+
+    bd = BuildDir.open(build)
+    name = bd.model_name
+    m = bd.manifest
+    body, hlen = encode_infer_request(
+        {m["inputs"][0]["name"]: sample(build, 1)}, outputs=[m["outputs"][0]["name"]]
+    )
+    headers = {"Inference-Header-Content-Length": str(hlen), "Content-Type": "application/octet-stream"}
+    args = ("--performance-hint", hint, "--grpc-port", "0", "--metrics-port", "0")
+    with (
+        server(build, *args, env={"PYTHONPATH": first}) as port_a,
+        server(build, *args, env={"PYTHONPATH": second}) as port_b,
+    ):
+        conns = {
+            "a": http.client.HTTPConnection("127.0.0.1", port_a),
+            "b": http.client.HTTPConnection("127.0.0.1", port_b),
+        }
+
+        def once(which: str) -> float:
+            c = conns[which]
+            t = time.perf_counter_ns()
+            c.request("POST", f"/v2/models/{name}/infer", body, headers)
+            r = c.getresponse()
+            r.read()
+            if r.status != 200:
+                raise RuntimeError(f"the {which} server answered {r.status}")
+            return (time.perf_counter_ns() - t) / 1e6
+
+        for _ in range(30):  # warm both: connections, every code path, the model
+            once("a")
+            once("b")
+        rng = random.Random(seed)
+        diffs, a_ms, b_ms = [], [], []
+        for _ in range(requests):
+            order = ("a", "b") if rng.random() < 0.5 else ("b", "a")
+            got = {k: once(k) for k in order}
+            a_ms.append(got["a"])
+            b_ms.append(got["b"])
+            diffs.append(got["b"] - got["a"])
+        for c in conns.values():
+            c.close()
+    boot = sorted(statistics.median(rng.choices(diffs, k=len(diffs))) for _ in range(400))
+    d = statistics.median(diffs)
+    print(
+        f"  first {first}: p50 {statistics.median(a_ms):.3f} ms; second {second}: p50 "
+        f"{statistics.median(b_ms):.3f} ms; second - first {d:+.3f} ms (95 % {boot[10]:+.3f}..{boot[389]:+.3f})",
+        flush=True,
+    )
+    return d
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--old", required=True, help="the tree to compare against (e.g. a git worktree of HEAD)")
+    ap.add_argument("--new", default=str(Path(__file__).resolve().parent.parent), help="default: this tree")
+    ap.add_argument("--build-dir", default=None, help="default: a fresh build of --model")
+    ap.add_argument("--model", default="vit-tiny")
+    ap.add_argument("--hint", default="LATENCY", help="--performance-hint of both servers")
+    ap.add_argument("--requests", type=int, default=600, help="request pairs per run")
+    ap.add_argument("--runs", type=int, default=4, help="runs, the order of the two servers alternating")
+    args = ap.parse_args()
+    old, new = str(Path(args.old).resolve()), str(Path(args.new).resolve())
+    with build_dir(args.build_dir, args.model) as build:
+        print(
+            f"{build.name}: {args.runs} runs of {args.requests} request pairs, 1 client, --performance-hint {args.hint}"
+        )
+        new_second, new_first = [], []
+        for i in range(args.runs):
+            if i % 2 == 0:
+                new_second.append(run(build, old, new, args.requests, args.hint, i))
+            else:
+                new_first.append(run(build, new, old, args.requests, args.hint, i))
+    # old first: d = new - old + bias; new first: d = old - new + bias
+    net = (
+        (statistics.mean(new_second) - statistics.mean(new_first)) / 2
+        if new_first
+        else statistics.mean(new_second)
+    )
+    bias = (statistics.mean(new_second) + statistics.mean(new_first)) / 2 if new_first else float("nan")
+    print(f"new - old: {net:+.3f} ms per request (the second-started server's own advantage: {bias:+.3f} ms)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
