@@ -31,6 +31,7 @@ import time
 from concurrent.futures import Future
 
 from _server import build_dir, sample
+from serve_limit import served_ir, sync_request
 
 
 def handoff(xml: str, x, requests: int, mode: str) -> tuple[float, float, float]:
@@ -38,10 +39,7 @@ def handoff(xml: str, x, requests: int, mode: str) -> tuple[float, float, float]
     import openvino as ov
     import uvloop
 
-    from veo_edge.runtime.backends.openvino import compile_config
-
-    compiled = ov.Core().compile_model(xml, "CPU", compile_config("f32", hint="LATENCY"))
-    request = compiled.create_infer_request()
+    request = sync_request(xml)  # the raw sync compile: f32 stated, LATENCY
     queue: collections.deque = collections.deque()
     cond = threading.Condition()
     rows: list[list[int]] = []
@@ -60,7 +58,8 @@ def handoff(xml: str, x, requests: int, mode: str) -> tuple[float, float, float]
             f.set_result(None)
 
     thread = threading.Thread(target=worker, daemon=True)
-    thread.start()
+    if mode == "thread":
+        thread.start()
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -89,12 +88,17 @@ def handoff(xml: str, x, requests: int, mode: str) -> tuple[float, float, float]
             await asyncio.sleep(0.001)  # the client's part of a round trip
 
     uvloop.run(main())
-    with cond:
-        queue.append((None, None))
-        cond.notify()
-    thread.join(10)
-    rows = rows[30:]
-    return tuple(statistics.median(r[i + 1] - r[i] for r in rows) / 1e3 for i in (0, 2, 1))  # type: ignore[return-value]
+    if mode == "thread":
+        with cond:
+            queue.append((None, None))
+            cond.notify()
+        thread.join(10)
+    rows = rows[30:]  # each row: handed off, infer started, infer ended, task resumed
+
+    def median_us(a: int, b: int) -> float:
+        return statistics.median(r[b] - r[a] for r in rows) / 1e3
+
+    return median_us(0, 1), median_us(2, 3), median_us(1, 2)
 
 
 def transfer(nbytes: int, requests: int, idle_s: float) -> tuple[float, float]:
@@ -151,8 +155,6 @@ def main() -> None:
     ap.add_argument("--model", default="vit-tiny")
     ap.add_argument("--requests", type=int, default=300)
     args = ap.parse_args()
-    from serve_limit import served_ir
-
     from veo_edge.builddir import BuildDir
 
     with build_dir(args.build_dir, args.model) as build:

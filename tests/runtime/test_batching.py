@@ -378,10 +378,15 @@ def test_a_caller_that_reads_the_stats_after_its_answer_sees_its_batch() -> None
 
     b = Batcher(gated, SHAPE, "float32", max_batch=4, max_delay_ms=0, max_queue=16)
     counted: list[tuple[int, int]] = []
+
+    def count(_) -> None:
+        s = b.stats()  # one snapshot
+        counted.append((s.requests_success, s.batches))
+
     for _ in range(3):
         go.clear()
         f = b.submit(np.ones(SHAPE, np.float32))
-        f.add_done_callback(lambda _: counted.append((b.stats().requests_success, b.stats().batches)))
+        f.add_done_callback(count)
         go.set()
         f.result(timeout=30)
     b.close()
