@@ -337,7 +337,7 @@ def test_configuration_is_validated() -> None:
 
 def test_steady_state_allocates_nothing_that_stays() -> None:
     """Once every batch size has been seen, hundreds more batches leave the Python heap where it was
-    (input buffers are kept per batch size; futures and output rows are freed)."""
+    (one input buffer per slot, of max_batch samples; futures and output rows are freed)."""
     import tracemalloc
 
     b = Batcher(double, SHAPE, "float32", max_batch=8, max_delay_ms=2.0, max_queue=64)
@@ -361,7 +361,7 @@ def test_steady_state_allocates_nothing_that_stays() -> None:
     finally:
         tracemalloc.stop()
         b.close()
-    assert len(b._buffers) <= 8
+    assert [len(buf) for buf in b._buffers] == [8]  # one buffer per slot, of max_batch samples
     # the last batch's futures are still referenced (~15 KiB); a leak of one future per request would be
     # hundreds of KiB over these ~1,300 requests
     assert grown < 64 << 10, f"{grown} bytes stayed allocated after 300 batches"

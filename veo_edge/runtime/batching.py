@@ -22,9 +22,8 @@ parallel (OpenVINO's THROUGHPUT streams); one slot forms a batch at a time, of a
 samples in the system (queued, expected and running, divided by the slots), so that concurrent batches
 stay balanced (four closed-loop clients on two slots: two batches of two, not one of three and one of
 one); the samples of one request (:meth:`Batcher.submit_many`) stay in one batch where ``max_batch``
-allows. The batch is stacked into an
-input buffer kept per slot and batch size (steady state allocates no new input buffers), run through
-``run_batch``, and each caller's future is resolved with its own row of the output, copied so that no
+allows. The batch is stacked into the leading rows of its slot's input buffer (one per slot, of
+``max_batch`` samples: steady state allocates no new input buffers), run through ``run_batch``, and each caller's future is resolved with its own row of the output, copied so that no
 caller holds a view of a shared array.
 
 Every accepted sample is answered exactly once: with its output, or with the exception that the batch
@@ -153,7 +152,8 @@ class Batcher:
         self._running = 0  # samples in batches being run
         self._requests = 0  # submit_many calls so far: each queued sample carries its call's number
         self._forming = threading.Lock()  # one slot forms a batch at a time; the others wait here
-        self._buffers: dict[tuple[int, int], np.ndarray] = {}
+        #: per slot, one input buffer of max_batch samples; a batch of n stacks into its first n rows
+        self._buffers: list[np.ndarray | None] = [None] * slots
         self._stats = BatcherStats()
         self._stats_lock = threading.Lock()
         self._threads = [
@@ -310,10 +310,16 @@ class Batcher:
                 self._run(items, slot, reason)
 
     def _buffer(self, n: int, slot: int) -> np.ndarray:
-        buf = self._buffers.get((slot, n))
+        buf = self._buffers[slot]
         if buf is None:
-            buf = self._buffers[slot, n] = np.empty((n, *self.sample_shape), self.dtype)
-        return buf
+            buf = self._buffers[slot] = np.empty((self.max_batch, *self.sample_shape), self.dtype)
+        return buf[:n]  # the leading rows of a C-contiguous array: contiguous, no copy
+
+    def warm_up(self) -> None:
+        """Allocate every slot's input buffer now, its pages written (resident), instead of at the
+        first batches: the memory the batcher keeps is held from the start."""
+        for slot in range(self.slots):
+            self._buffer(self.max_batch, slot).fill(0)
 
     def _run(self, items: list[_Item], slot: int = 0, reason: str = "full") -> None:
         start = time.perf_counter_ns()
