@@ -40,6 +40,12 @@ def serve(
     metrics_port: int = typer.Option(
         8002, "--metrics-port", help="Separate Prometheus port (0: any free port; -1: off)."
     ),
+    warmup: bool = typer.Option(
+        True,
+        "--warmup/--no-warmup",
+        help="Before serving, run every batch size once on every infer request the batcher can use (the "
+        "first batch of each size then runs at full speed, and memory stays at what it reaches here).",
+    ),
     performance_hint: str = typer.Option(
         "ADAPTIVE",
         "--performance-hint",
@@ -92,6 +98,7 @@ def serve(
         drain_timeout_s=drain_timeout,
         grpc_port=None if grpc_port < 0 else grpc_port,
         metrics_port=None if metrics_port < 0 else metrics_port,
+        warmup=warmup,
     )
 
     def runtime_for(build) -> Callable[[], Runtime]:

@@ -379,6 +379,10 @@ class FaultyRunner(Runner):
             raise InjectedBackendError(msg)
         return self.inner.infer(feed)
 
+    def warm_up(self, sizes: Sequence[int], in_flight: int = 1) -> int:
+        # straight to the real runner: warming is not traffic, so it neither counts toward nor fires a fault
+        return self.inner.warm_up(sizes, in_flight)
+
     def _infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:  # pragma: no cover
         return self.inner.infer(feed)
 

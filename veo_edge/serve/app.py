@@ -55,6 +55,8 @@ class ServeOptions:
     grpc_port: int | None = None
     #: a separate Prometheus port (Triton's 8002; 0: any free port; None: only /metrics on the HTTP port)
     metrics_port: int | None = None
+    #: before serving (and after a repository load), warm every batch size: ``Runtime.warm_up``
+    warmup: bool = False
 
 
 class InferenceService:
@@ -97,6 +99,8 @@ class InferenceService:
         self._wake = asyncio.Event()
         self._repo_lock = asyncio.Lock()
         await loop.run_in_executor(None, self.run_canary)
+        if self.options.warmup:
+            await loop.run_in_executor(None, self.warm_up)
         self._monitor = loop.create_task(self._recheck_loop())
 
     async def close(self) -> None:
@@ -109,6 +113,33 @@ class InferenceService:
             await asyncio.get_running_loop().run_in_executor(
                 None, lambda: runtime.close(drain=True, timeout=timeout)
             )
+
+    def warm_up(self) -> dict[str, Any] | None:
+        """Warm the runtime (blocking; see :meth:`Runtime.warm_up`); a failure is logged, serving goes on."""
+        runtime = self.runtime
+        if runtime is None:
+            return None
+        try:
+            w = runtime.warm_up()
+        except VeoEdgeError as e:
+            log.warning(
+                "model %r: warm-up failed (%s); serving without it: the first batch of each size pays "
+                "for its set-up",
+                self.model.name,
+                e,
+            )
+            return None
+        sizes = w["batch_sizes"]
+        log.warning(
+            "model %r: warmed batch sizes %d..%d on %s (%d infer requests) in %.2f s",
+            self.model.name,
+            sizes[0],
+            sizes[-1],
+            w["backend"],
+            w["infer_requests"],
+            w["seconds"],
+        )
+        return w
 
     # -- readiness ------------------------------------------------------------------------------
     def run_canary(self) -> CanaryResult | None:
@@ -390,6 +421,8 @@ class InferenceService:
             self.runtime = runtime
             self.unloaded = False
             await loop.run_in_executor(None, self.run_canary)
+            if self.options.warmup:
+                await loop.run_in_executor(None, self.warm_up)
             log.warning("model %r loaded (backend %s)", name, runtime.state.to_dict().get("active_backend"))
 
     async def unload_model(self, name: str) -> None:

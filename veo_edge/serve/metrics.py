@@ -177,6 +177,15 @@ class ServeCollector:
         for compile_, n in sorted((described.get("adaptive_runs") or {}).items()):
             compiles.add_metric([*mv, compile_], n)
         yield compiles
+        if isinstance(described.get("infer_requests"), int):
+            requests = GaugeMetricFamily(
+                "veo_edge_openvino_infer_requests",
+                "OpenVINO infer requests created (each keeps the memory of its batch size); "
+                "constant after the warm-up",
+                labels=ml,
+            )
+            requests.add_metric(mv, described["infer_requests"])
+            yield requests
         switches = CounterMetricFamily(
             "veo_edge_fallback_switches", "Switches to a fallback backend", labels=ml
         )

@@ -92,6 +92,7 @@ class InProcessTarget:
             recover_interval_s=self.recover_interval_s,
             threads=self.threads,
         ).start()
+        self.runtime.warm_up()  # as `veo-edge serve` does: the run measures the memory serving keeps
         return self.runtime.input_shape, self.runtime.input_dtype
 
     @property

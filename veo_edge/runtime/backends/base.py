@@ -9,6 +9,7 @@ declared input metadata before anything runs, so a wrong name, rank, shape or dt
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,6 +138,18 @@ class Runner(abc.ABC):
                 )
             feed = {inputs[0].name: feed}
         return self._infer(check_feed(feed, inputs, self.max_batch))
+
+    def warm_up(self, sizes: Sequence[int], in_flight: int = 1) -> int:
+        """Run each batch size in ``sizes`` once on zeros, so that the first real batch of a size does not
+        pay for what the backend sets up at its first sight of that size (shape-specific kernels, memory).
+        ``in_flight``: the most batches the caller runs at once. Returns the infer requests (or
+        contexts) created for it; 0 for a backend that keeps none of its own."""
+        inputs = self.input_metadata()
+        if any(d is None for m in inputs for d in m.shape[1:]):
+            return 0  # a dynamic non-batch axis: no one shape stands for the traffic
+        for b in sizes:
+            self.infer({m.name: np.zeros((b, *m.shape[1:]), m.dtype) for m in inputs})
+        return 0
 
     def _require_active(self) -> None:
         if not self.is_active:

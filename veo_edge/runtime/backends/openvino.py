@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +134,8 @@ class OpenVinoRunner(Runner):
         self._in_flight = 0
         #: ADAPTIVE: batches run on the LATENCY compile and on the THROUGHPUT streams
         self.runs = {"latency": 0, "streams": 0}
+        #: infer requests created so far (each holds its own memory for the batch size it runs)
+        self.requests_created = 0
 
     def _activate(self) -> None:
         try:
@@ -199,6 +201,8 @@ class OpenVinoRunner(Runner):
         try:
             if request is None:
                 request = compiled.create_infer_request()
+                with self._lock:
+                    self.requests_created += 1
             result = request.infer(feed)
             return {
                 m.name: np.array(result[port])
@@ -212,6 +216,36 @@ class OpenVinoRunner(Runner):
                 if request is not None:
                     idle.append(request)
 
+    def warm_up(self, sizes: Sequence[int], in_flight: int = 1) -> int:
+        """Create, and run once on zeros, every infer request the traffic can use for ``sizes``: on each
+        compile, for each batch size, as many as can run at once (one on ADAPTIVE's LATENCY compile, which
+        runs a batch only alone; ``in_flight`` on the streams). Those on the streams run at once, so
+        that each stream meets each size. Afterwards serving creates no infer request and each size's
+        first batch runs as fast as its later ones (measured in the README)."""
+        self._require_active()
+        compiles = [(False, self._compiled, max(1, in_flight))]
+        if self._latency is not None:
+            compiles.insert(0, (True, self._latency, 1))
+        created = 0
+        for lone, compiled, count in compiles:
+            for b in sizes:
+                feed = {m.name: np.zeros((b, *m.shape[1:]), m.dtype) for m in self._inputs}
+                with self._lock:
+                    have = len(self._requests.get((lone, b), ()))
+                new = [compiled.create_infer_request() for _ in range(count - have)]
+                try:
+                    for request in new:
+                        request.start_async(feed)
+                    for request in new:
+                        request.wait()
+                except Exception as e:
+                    raise BackendError(f"OpenVINO warm-up at batch {b} failed: {e}") from e
+                with self._lock:
+                    self._requests.setdefault((lone, b), []).extend(new)
+                    self.requests_created += len(new)
+                created += len(new)
+        return created
+
     def describe(self) -> dict[str, Any]:
         import openvino as ov
 
@@ -224,5 +258,6 @@ class OpenVinoRunner(Runner):
             **({"precision_note": self.precision_note} if self.precision_note else {}),
             "performance_hint": self.hint,
             "infer_requests_in_flight": self.concurrency,
+            "infer_requests": self.requests_created,
             **({"adaptive_runs": dict(self.runs)} if self._latency is not None else {}),
         }

@@ -1,0 +1,65 @@
+"""``veo-edge serve`` warms every batch size before it listens (``--no-warmup`` does not): with it, HTTP
+traffic of every batch size, one client and four at once, creates no OpenVINO infer request (the
+``veo_edge_openvino_infer_requests`` gauge stays where the warm-up left it); without it, it does."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tritonclient.http as tritonclient_http
+
+from veo_edge.builddir import BuildDir
+from veo_edge.export.parity import seeded_inputs
+
+GAUGE = 'veo_edge_openvino_infer_requests{model="vit-nano",version="1"}'
+_WARMED = re.compile(r"warmed batch sizes 1\.\.(\d+) on openvino \((\d+) infer requests\)")
+
+
+def _infer_requests(server) -> int:
+    _, _, body = server.request("GET", "/metrics")
+    m = re.search(rf"^{re.escape(GAUGE)} (\S+)$", body.decode(), re.MULTILINE)
+    assert m, body.decode()
+    return int(float(m.group(1)))
+
+
+def _traffic(server, max_batch: int) -> None:
+    """Every batch size alone, then four requests of each size at once; every answer checked."""
+    x = seeded_inputs((3, 32, 32), max_batch, 8)
+    with tritonclient_http.InferenceServerClient(server.url, concurrency=4) as client:
+
+        def request(b: int):
+            inp = tritonclient_http.InferInput("input", [b, 3, 32, 32], "FP32")
+            inp.set_data_from_numpy(x[:b], binary_data=True)
+            return [inp]
+
+        alone = {b: client.infer("vit-nano", request(b)).as_numpy("logits") for b in range(1, max_batch + 1)}
+        for b in range(1, max_batch + 1):
+            pending = [client.async_infer("vit-nano", request(b)) for _ in range(4)]
+            for p in pending:
+                np.testing.assert_allclose(p.get_result().as_numpy("logits"), alone[b], atol=2e-4, rtol=0)
+    for b in range(1, max_batch):
+        np.testing.assert_allclose(alone[b], alone[max_batch][:b], atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warmup", "no-warmup"])
+def test_a_warmed_server_creates_no_infer_request_under_traffic(serve, nano_build, warm: bool) -> None:
+    max_batch = BuildDir.open(nano_build).max_batch
+    server = serve(nano_build, *([] if warm else ["--no-warmup"]))
+    log = server.log.read_text()
+    warmed = _WARMED.search(log)
+    before = _infer_requests(server)
+    if warm:
+        assert warmed, log
+        assert int(warmed.group(1)) == max_batch
+        assert before - int(warmed.group(2)) == 1  # the canary's, run before the warm-up
+        assert before >= max_batch  # at least one per size
+    else:
+        assert warmed is None and 0 < before < max_batch  # what the canary created: its own batch size
+    _traffic(server, max_batch)
+    after = _infer_requests(server)
+    if warm:
+        assert after == before
+    else:
+        assert after > before
