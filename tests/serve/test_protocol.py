@@ -283,3 +283,23 @@ def test_a_binary_response_head_names_each_output_with_its_shape_size_and_the_id
     chunks, rhlen = encode_infer_response(MODEL, req, {"logits": big_endian})
     assert json.loads(bytes(chunks[0]))["outputs"][0]["datatype"] == "FP32"
     np.testing.assert_array_equal(np.frombuffer(bytes(chunks[1]), "<f4"), y.ravel())
+
+
+def test_the_installed_uvicorn_has_every_hook_the_http_limits_build_on() -> None:
+    """GuardedProtocol subclasses uvicorn's private HttpToolsProtocol: the installed one has each hook,
+    and one without a hook is refused in one line that names it and the uvicorn that was tested."""
+    import uvicorn
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from veo_edge.errors import VeoEdgeError
+    from veo_edge.serve.transport import check_protocol_base
+
+    check_protocol_base(HttpToolsProtocol, uvicorn.__version__)
+
+    class Renamed(HttpToolsProtocol):  # as a later uvicorn that renamed one private method would be
+        _unset_keepalive_if_required = None
+
+    with pytest.raises(
+        VeoEdgeError, match=r"uvicorn 9\.9's .* no _unset_keepalive_if_required.*uvicorn>=0\.30"
+    ):
+        check_protocol_base(Renamed, "9.9")

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from veo_edge.errors import UsageError
+from veo_edge.errors import UsageError, VeoEdgeError
 
 log = logging.getLogger("veo_edge.serve")
 
@@ -73,9 +73,30 @@ class _Reject(Exception):
         self.status = status
 
 
+#: the methods of uvicorn's HttpToolsProtocol that GuardedProtocol overrides or calls (its private API,
+#: tested with uvicorn 0.54); a uvicorn without one is refused at start, not failing each request
+PROTOCOL_HOOKS = (
+    "connection_made", "connection_lost", "eof_received", "data_received", "on_response_complete",
+    "on_message_begin", "on_url", "on_header", "on_headers_complete", "on_body", "on_message_complete",
+    "timeout_keep_alive_handler", "_unset_keepalive_if_required", "_should_upgrade",
+)  # fmt: skip
+
+
+def check_protocol_base(base: type, version: str) -> None:
+    """Refuse a uvicorn whose httptools protocol lacks a hook this module builds on (one line: which)."""
+    missing = [name for name in PROTOCOL_HOOKS if not callable(getattr(base, name, None))]
+    if missing:
+        raise VeoEdgeError(
+            f"uvicorn {version}'s HttpToolsProtocol has no {', '.join(missing)}, which veo-edge's HTTP "
+            "limits build on; install a uvicorn it was tested with: pip install 'uvicorn>=0.30,<0.55'"
+        )
+
+
 def _protocol_base() -> type:
+    import uvicorn
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+    check_protocol_base(HttpToolsProtocol, uvicorn.__version__)
     return HttpToolsProtocol
 
 
