@@ -190,6 +190,36 @@ def test_adaptive_runs_a_lone_batch_on_the_latency_compile_and_overlapping_ones_
     assert float(np.abs(got - want).max()) <= tolerance(nano_build)
 
 
+def test_adaptive_runs_a_lone_sample_at_a_fixed_batch_of_one_and_splits_a_lone_batch_across_streams(
+    nano_build: Path,
+) -> None:
+    """ADAPTIVE's LATENCY compile has its batch axis fixed at 1 (a static shape runs faster); a larger
+    batch that runs alone is split across the streams, one part each, and answers as a whole batch."""
+    from veo_edge.runtime.backends.openvino import OpenVinoRunner
+
+    build = BuildDir.open(nano_build)
+    x = seeded(8, (3, 32, 32), seed=9)
+    want = reference(nano_build, x)
+    runner = OpenVinoRunner(build.artifact("openvino_xml"), max_batch=8, precision="f32", hint="ADAPTIVE")
+    with runner:
+        assert runner.describe()["inference_precision_hint"] == "f32"
+        if runner.concurrency == 1:
+            pytest.skip("one OpenVINO stream on this machine: ADAPTIVE is LATENCY alone")
+        shape = runner._latency.inputs[0].get_partial_shape()
+        assert shape.is_static and shape[0].get_length() == 1
+        before = runner.requests_created
+        whole = {b: runner.infer(x[:b])["logits"] for b in (1, 3, 8)}
+        assert runner.runs == {"latency": 1, "streams": 2}  # b3 and b8 ran alone, on the streams
+        # b1 on the batch-1 compile; b3 as parts of 1 and 2, b8 as two of 4 at once: a request per part
+        assert runner.requests_created - before == 1 + 2 + 2
+        assert sorted(k for k, idle in runner._requests.items() if idle) == [
+            (False, 1), (False, 2), (False, 4), (True, 1)
+        ]  # fmt: skip
+    for b, got in whole.items():
+        assert got.shape == (b, *want.shape[1:])
+        assert float(np.abs(got - want[:b]).max()) <= tolerance(nano_build)
+
+
 def test_adaptive_serves_concurrent_callers_with_the_same_answers(nano_build: Path) -> None:
     x = seeded(64, (3, 32, 32), seed=6)
     want = reference(nano_build, x)

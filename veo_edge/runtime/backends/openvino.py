@@ -5,17 +5,20 @@ request; the runner then reports ``concurrency`` (OpenVINO's optimal number of i
 that many batches in parallel when called from as many threads (the runtime's batcher slots). Each call
 takes an idle infer request of its batch size from a pool, so steady state creates no new requests.
 
-``hint="ADAPTIVE"`` compiles the model twice, LATENCY and THROUGHPUT (twice the weights in memory): a
-batch that runs alone runs on the LATENCY compile (all cores on it: a lone client's latency), a batch
-that starts while another runs goes to a THROUGHPUT stream (the streams keep every core busy under
-concurrent load, where one LATENCY request at a time leaves them waiting on each other). Measured on
-vit-tiny on 2 cores (README, `bench/serve_limit.py`): LATENCY alone serves 1 client as fast and 4
-clients at about 85 % of the machine's limit, THROUGHPUT alone 4 clients faster but 1 client at half
-the speed.
+``hint="ADAPTIVE"`` compiles the model twice: THROUGHPUT (streams, dynamic batch) and LATENCY with its
+batch axis fixed at 1 (a static shape runs faster than the dynamic batch). A sample that runs alone runs
+on the batch-1 LATENCY compile (all cores on it: a lone client's latency); a larger batch that runs
+alone is split across the streams, one part each, run at once (every core on it, as fast as a LATENCY
+compile runs it whole); a batch that starts while another runs goes to one THROUGHPUT stream (the
+streams keep every core busy under concurrent load, where one LATENCY request at a time leaves them
+waiting on each other). Measured on vit-tiny on 2 cores (README, `bench/serve_limit.py`): LATENCY
+alone serves 1 client as fast and 4 clients at about 85 % of the machine's limit, THROUGHPUT alone 4
+clients faster but 1 client at half the speed.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -35,6 +38,14 @@ INFERENCE_PRECISIONS = {"f32": "f32", "bf16": "bf16"}
 #: OpenVINO's performance hints: LATENCY (one stream, all cores on each request) or THROUGHPUT (streams);
 #: ADAPTIVE is veo-edge's: both compiles, LATENCY for a batch that runs alone (see the module doc)
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "ADAPTIVE")
+
+
+def _batch_of_one(model: Any) -> Any:
+    """A copy of ``model`` with its batch axis fixed at 1: OpenVINO runs a static shape faster than the
+    dynamic batch (0.46 ms of 17 on vit-tiny, paired in one process; README)."""
+    one = model.clone()
+    one.reshape({p.get_any_name(): [1, *p.get_partial_shape()[1:]] for p in one.inputs})
+    return one
 
 
 def compile_config(
@@ -128,11 +139,11 @@ class OpenVinoRunner(Runner):
         #: batches this runner runs in parallel (set at activation: 1 for LATENCY)
         self.concurrency = 1
         self._compiled: Any = None
-        self._latency: Any = None  # ADAPTIVE: the LATENCY compile, for a batch that runs alone
+        self._latency: Any = None  # ADAPTIVE: the batch-1 LATENCY compile, for a sample that runs alone
         self._requests: dict[tuple[bool, int], list[Any]] = {}  # idle infer requests (lone?, batch size)
         self._lock = threading.Lock()
         self._in_flight = 0
-        #: ADAPTIVE: batches run on the LATENCY compile and on the THROUGHPUT streams
+        #: ADAPTIVE: batches run on the batch-1 LATENCY compile and on the THROUGHPUT streams
         self.runs = {"latency": 0, "streams": 0}
         #: infer requests created so far (each holds its own memory for the batch size it runs)
         self.requests_created = 0
@@ -169,7 +180,9 @@ class OpenVinoRunner(Runner):
             else max(1, int(self._compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
         )
         if adaptive and self.concurrency > 1:  # one stream only (one core): nothing to adapt between
-            self._latency = self._compile(core, model, compile_config(compute, self.threads, "LATENCY"))
+            self._latency = self._compile(
+                core, _batch_of_one(model), compile_config(compute, self.threads, "LATENCY")
+            )
         self.served_precision = served
 
     def _compile(self, core: Any, model: Any, config: dict[str, Any]) -> Any:
@@ -191,18 +204,36 @@ class OpenVinoRunner(Runner):
         # state allocates nothing new; concurrent calls (THROUGHPUT streams) each take their own
         batch = next(iter(feed.values())).shape[0]
         with self._lock:
-            lone = self._latency is not None and self._in_flight == 0
+            alone = self._latency is not None and self._in_flight == 0
             self._in_flight += 1
             if self._latency is not None:
-                self.runs["latency" if lone else "streams"] += 1
-            idle = self._requests.setdefault((lone, batch), [])
-            request = idle.pop() if idle else None
-        compiled = self._latency if lone else self._compiled
+                self.runs["latency" if alone and batch == 1 else "streams"] += 1
         try:
-            if request is None:
-                request = compiled.create_infer_request()
-                with self._lock:
-                    self.requests_created += 1
+            if alone and batch == 1:  # ADAPTIVE: a lone sample, on the batch-1 LATENCY compile
+                return self._run(True, self._latency, feed)
+            if alone:  # ADAPTIVE: a lone batch, split across the streams so that every core works on it
+                return self._run_split(feed, batch)
+            return self._run(False, self._compiled, feed)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _take(self, lone: bool, batch: int, compiled: Any) -> Any:
+        with self._lock:
+            idle = self._requests.setdefault((lone, batch), [])
+            if idle:
+                return idle.pop()
+            self.requests_created += 1
+        return compiled.create_infer_request()
+
+    def _give(self, lone: bool, batch: int, request: Any) -> None:
+        with self._lock:
+            self._requests[(lone, batch)].append(request)
+
+    def _run(self, lone: bool, compiled: Any, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        batch = next(iter(feed.values())).shape[0]
+        request = self._take(lone, batch, compiled)
+        try:
             result = request.infer(feed)
             return {
                 m.name: np.array(result[port])
@@ -211,10 +242,37 @@ class OpenVinoRunner(Runner):
         except Exception as e:
             raise BackendError(f"OpenVINO inference failed: {e}") from e
         finally:
-            with self._lock:
-                self._in_flight -= 1
-                if request is not None:
-                    idle.append(request)
+            self._give(lone, batch, request)
+
+    def _run_split(self, feed: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
+        """One batch as ``concurrency`` parts, one per stream, run at once (as fast as the LATENCY
+        compile runs the whole batch on every core, measured in the README)."""
+        bounds = np.linspace(0, batch, min(self.concurrency, batch) + 1)
+        parts = list(itertools.pairwise(int(b) for b in bounds))
+        requests = [self._take(False, b - a, self._compiled) for a, b in parts]
+        started, error = [], None
+        try:
+            for request, (a, b) in zip(requests, parts, strict=True):
+                request.start_async({name: x[a:b] for name, x in feed.items()})
+                started.append(request)
+        except Exception as e:
+            error = e
+        for request in started:  # every started part is waited for before its request is reused
+            try:
+                request.wait()
+            except Exception as e:
+                error = error or e
+        try:
+            if error is not None:
+                raise BackendError(f"OpenVINO inference failed: {error}") from error
+            ports = self._compiled.outputs
+            return {
+                m.name: np.concatenate([r.results[port] for r in requests])
+                for m, port in zip(self._outputs, ports, strict=True)
+            }
+        finally:
+            for request, (a, b) in zip(requests, parts, strict=True):
+                self._give(False, b - a, request)
 
     def warm_up(self, sizes: Sequence[int], in_flight: int = 1) -> int:
         """Create, and run once on zeros, every infer request the traffic can use for ``sizes``: on each
@@ -223,12 +281,14 @@ class OpenVinoRunner(Runner):
         that each stream meets each size. Afterwards serving creates no infer request and each size's
         first batch runs as fast as its later ones (measured in the README)."""
         self._require_active()
-        compiles = [(False, self._compiled, max(1, in_flight))]
+        compiles = [(False, self._compiled, sizes, max(1, in_flight))]
         if self._latency is not None:
-            compiles.insert(0, (True, self._latency, 1))
+            # the batch-1 compile runs only alone; a lone batch split across the streams takes one
+            # request per stream while one more batch may start beside it
+            compiles = [(True, self._latency, [1], 1), (False, self._compiled, sizes, max(1, in_flight) + 1)]
         created = 0
-        for lone, compiled, count in compiles:
-            for b in sizes:
+        for lone, compiled, batches, count in compiles:
+            for b in batches:
                 feed = {m.name: np.zeros((b, *m.shape[1:]), m.dtype) for m in self._inputs}
                 with self._lock:
                     have = len(self._requests.get((lone, b), ()))
