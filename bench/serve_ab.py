@@ -1,6 +1,7 @@
 """A change to the serving path, measured request by request: two `veo-edge serve`, one per tree, at 1 client.
 
     python bench/serve_ab.py --old OLD_TREE [--new NEW_TREE] [--build-dir DIR] [--requests 600] [--runs 4]
+                             [--burst 200]
 
 On a shared machine a 17 ms model's p50 moves by milliseconds between minutes, so two cells taken one
 after the other (``serve_c1.py``) cannot resolve a change of 0.1 ms. Here one client alternates every
@@ -26,7 +27,26 @@ from pathlib import Path
 from _server import build_dir, sample, server
 
 
-def run(build: Path, first: str, second: str, requests: int, hint: str, seed: int) -> float:
+def burst(port: int, name: str, body: bytes, headers: dict, n: int, clients: int = 4) -> None:
+    """``n`` requests from ``clients`` concurrent clients: the server runs its concurrent paths (e.g.
+    ADAPTIVE's streams) as a server that has seen load has."""
+    import threading
+
+    def client() -> None:
+        c = http.client.HTTPConnection("127.0.0.1", port)
+        for _ in range(-(-n // clients)):
+            c.request("POST", f"/v2/models/{name}/infer", body, headers)
+            c.getresponse().read()
+        c.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def run(build: Path, first: str, second: str, requests: int, hint: str, seed: int, bursts: int = 0) -> float:
     """Median over request pairs of (second tree's latency - first tree's), in ms; prints the run."""
     from veo_edge.builddir import BuildDir
     from veo_edge.serve.protocol import encode_infer_request
@@ -58,6 +78,8 @@ def run(build: Path, first: str, second: str, requests: int, hint: str, seed: in
                 raise RuntimeError(f"the {which} server answered {r.status}")
             return (time.perf_counter_ns() - t) / 1e6
 
+        for port in (port_a, port_b) if bursts else ():
+            burst(port, name, body, headers, bursts)
         for _ in range(30):  # warm both: connections, every code path, the model
             once("a")
             once("b")
@@ -90,6 +112,12 @@ def main() -> None:
     ap.add_argument("--hint", default="LATENCY", help="--performance-hint of both servers")
     ap.add_argument("--requests", type=int, default=600, help="request pairs per run")
     ap.add_argument("--runs", type=int, default=4, help="runs, the order of the two servers alternating")
+    ap.add_argument(
+        "--burst",
+        type=int,
+        default=0,
+        help="first send each server this many requests from 4 concurrent clients (a server that has seen load)",
+    )
     args = ap.parse_args()
     old, new = str(Path(args.old).resolve()), str(Path(args.new).resolve())
     with build_dir(args.build_dir, args.model) as build:
@@ -99,9 +127,9 @@ def main() -> None:
         new_second, new_first = [], []
         for i in range(args.runs):
             if i % 2 == 0:
-                new_second.append(run(build, old, new, args.requests, args.hint, i))
+                new_second.append(run(build, old, new, args.requests, args.hint, i, args.burst))
             else:
-                new_first.append(run(build, new, old, args.requests, args.hint, i))
+                new_first.append(run(build, new, old, args.requests, args.hint, i, args.burst))
     # old first: d = new - old + bias; new first: d = old - new + bias
     net = (
         (statistics.mean(new_second) - statistics.mean(new_first)) / 2
