@@ -228,7 +228,7 @@ class OpenVinoRunner(Runner):
 
     def _give(self, lone: bool, batch: int, request: Any) -> None:
         with self._lock:
-            self._requests[(lone, batch)].append(request)
+            self._requests.setdefault((lone, batch), []).append(request)
 
     def _run(self, lone: bool, compiled: Any, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         batch = next(iter(feed.values())).shape[0]
@@ -276,9 +276,10 @@ class OpenVinoRunner(Runner):
 
     def warm_up(self, sizes: Sequence[int], in_flight: int = 1) -> int:
         """Create, and run once on zeros, every infer request the traffic can use for ``sizes``: on each
-        compile, for each batch size, as many as can run at once (one on ADAPTIVE's LATENCY compile, which
-        runs a batch only alone; ``in_flight`` on the streams). Those on the streams run at once, so
-        that each stream meets each size. Afterwards serving creates no infer request and each size's
+        compile, for each batch size, as many as can run at once (ADAPTIVE: one on the batch-1 compile,
+        which runs a sample only alone, and ``in_flight`` + 1 per size on the streams, for a lone batch
+        split across them beside one more batch). Those on the streams run at once, so that each stream
+        meets each size. Afterwards serving creates no infer request and each size's
         first batch runs as fast as its later ones (measured in the README)."""
         self._require_active()
         compiles = [(False, self._compiled, sizes, max(1, in_flight))]
