@@ -82,6 +82,11 @@ def check_feed(
     return checked
 
 
+def zeros_feed(inputs: list[TensorMeta], batch: int) -> dict[str, np.ndarray]:
+    """A feed of zeros at ``batch`` for inputs whose other axes are static (a warm-up's input)."""
+    return {m.name: np.zeros((batch, *m.shape[1:]), m.dtype) for m in inputs}
+
+
 class Runner(abc.ABC):
     """A backend that runs one model. Use as a context manager or call activate/deactivate."""
 
@@ -148,7 +153,7 @@ class Runner(abc.ABC):
         if any(d is None for m in inputs for d in m.shape[1:]):
             return 0  # a dynamic non-batch axis: no one shape stands for the traffic
         for b in sizes:
-            self.infer({m.name: np.zeros((b, *m.shape[1:]), m.dtype) for m in inputs})
+            self.infer(zeros_feed(inputs, b))
         return 0
 
     def _require_active(self) -> None:

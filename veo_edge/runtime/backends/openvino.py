@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from veo_edge.errors import BackendError, BackendUnavailableError, ModelLoadError, UsageError
-from veo_edge.runtime.backends.base import Runner, TensorMeta
+from veo_edge.runtime.backends.base import Runner, TensorMeta, zeros_feed
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,25 @@ def _batch_of_one(model: Any) -> Any:
     one = model.clone()
     one.reshape({p.get_any_name(): [1, *p.get_partial_shape()[1:]] for p in one.inputs})
     return one
+
+
+def _run_at_once(requests: list[Any], feeds: list[dict[str, np.ndarray]]) -> None:
+    """Start every infer request on its feed, then wait for every one that started (so none is reused
+    while it runs); raise the first error."""
+    started, error = [], None
+    try:
+        for request, feed in zip(requests, feeds, strict=True):
+            request.start_async(feed)
+            started.append(request)
+    except Exception as e:
+        error = e
+    for request in started:
+        try:
+            request.wait()
+        except Exception as e:
+            error = error or e
+    if error is not None:
+        raise error
 
 
 def compile_config(
@@ -250,26 +269,15 @@ class OpenVinoRunner(Runner):
         bounds = np.linspace(0, batch, min(self.concurrency, batch) + 1)
         parts = list(itertools.pairwise(int(b) for b in bounds))
         requests = [self._take(False, b - a, self._compiled) for a, b in parts]
-        started, error = [], None
         try:
-            for request, (a, b) in zip(requests, parts, strict=True):
-                request.start_async({name: x[a:b] for name, x in feed.items()})
-                started.append(request)
-        except Exception as e:
-            error = e
-        for request in started:  # every started part is waited for before its request is reused
-            try:
-                request.wait()
-            except Exception as e:
-                error = error or e
-        try:
-            if error is not None:
-                raise BackendError(f"OpenVINO inference failed: {error}") from error
+            _run_at_once(requests, [{name: x[a:b] for name, x in feed.items()} for a, b in parts])
             ports = self._compiled.outputs
             return {
                 m.name: np.concatenate([r.results[port] for r in requests])
                 for m, port in zip(self._outputs, ports, strict=True)
             }
+        except Exception as e:
+            raise BackendError(f"OpenVINO inference failed: {e}") from e
         finally:
             for request, (a, b) in zip(requests, parts, strict=True):
                 self._give(False, b - a, request)
@@ -287,25 +295,18 @@ class OpenVinoRunner(Runner):
             # the batch-1 compile runs only alone; a lone batch split across the streams takes one
             # request per stream while one more batch may start beside it
             compiles = [(True, self._latency, [1], 1), (False, self._compiled, sizes, max(1, in_flight) + 1)]
-        created = 0
+        before = self.requests_created
         for lone, compiled, batches, count in compiles:
             for b in batches:
-                feed = {m.name: np.zeros((b, *m.shape[1:]), m.dtype) for m in self._inputs}
-                with self._lock:
-                    have = len(self._requests.get((lone, b), ()))
-                new = [compiled.create_infer_request() for _ in range(count - have)]
+                requests = [self._take(lone, b, compiled) for _ in range(count)]
                 try:
-                    for request in new:
-                        request.start_async(feed)
-                    for request in new:
-                        request.wait()
+                    _run_at_once(requests, [zeros_feed(self._inputs, b)] * count)
                 except Exception as e:
                     raise BackendError(f"OpenVINO warm-up at batch {b} failed: {e}") from e
-                with self._lock:
-                    self._requests.setdefault((lone, b), []).extend(new)
-                    self.requests_created += len(new)
-                created += len(new)
-        return created
+                finally:
+                    for request in requests:
+                        self._give(lone, b, request)
+        return self.requests_created - before
 
     def describe(self) -> dict[str, Any]:
         import openvino as ov
