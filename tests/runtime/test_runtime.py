@@ -164,7 +164,8 @@ def test_adaptive_runs_a_lone_batch_on_the_latency_compile_and_overlapping_ones_
     nano_build: Path,
 ) -> None:
     """ADAPTIVE: one client back to back never overlaps itself, so every batch runs on the LATENCY
-    compile; a batch that starts while another runs takes a THROUGHPUT stream. Same answers on both."""
+    compile; a batch that starts while another runs takes a THROUGHPUT stream: a sample the batch-1
+    streams compile, a larger batch the dynamic one. Same answers on all three."""
     from veo_edge.runtime.backends.openvino import OpenVinoRunner
 
     build = BuildDir.open(nano_build)
@@ -176,17 +177,23 @@ def test_adaptive_runs_a_lone_batch_on_the_latency_compile_and_overlapping_ones_
         assert described["performance_hint"] == "ADAPTIVE" and described["precision"] == "f32"
         if runner.concurrency == 1:
             pytest.skip("one OpenVINO stream on this machine: ADAPTIVE is LATENCY alone")
+        # two batches per stream in flight: one computing, one queued behind it
+        assert described["infer_requests_in_flight"] == 2 * described["streams"]
         lone = np.concatenate([runner.infer(x[i : i + 1])["logits"] for i in range(12)])
-        assert runner.runs == {"latency": 12, "streams": 0}
+        assert runner.runs == {"latency": 12, "streams_b1": 0, "streams": 0}
         # another batch in flight (the runner's own count, as a concurrent caller leaves it): streams
         runner._in_flight += 1
         try:
-            overlapped = np.concatenate([runner.infer(x[i : i + 1])["logits"] for i in range(12, 24)])
+            overlapped = np.concatenate([runner.infer(x[i : i + 1])["logits"] for i in range(12, 18)])
+            overlapped_b3 = np.concatenate([runner.infer(x[i : i + 3])["logits"] for i in (18, 21)])
         finally:
             runner._in_flight -= 1
-        assert runner.runs == {"latency": 12, "streams": 12}
-        assert runner.describe()["adaptive_runs"] == {"latency": 12, "streams": 12}
-    got = np.concatenate([lone, overlapped])
+        assert runner.runs == {"latency": 12, "streams_b1": 6, "streams": 2}
+        assert runner.describe()["adaptive_runs"] == {"latency": 12, "streams_b1": 6, "streams": 2}
+        shape = runner._single.inputs[0].get_partial_shape()
+        assert shape.is_static and shape[0].get_length() == 1
+        assert runner._compiled.inputs[0].get_partial_shape()[0].is_dynamic
+    got = np.concatenate([lone, overlapped, overlapped_b3])
     assert float(np.abs(got - want).max()) <= tolerance(nano_build)
 
 
@@ -209,11 +216,11 @@ def test_adaptive_runs_a_lone_sample_at_a_fixed_batch_of_one_and_splits_a_lone_b
         assert shape.is_static and shape[0].get_length() == 1
         before = runner.requests_created
         whole = {b: runner.infer(x[:b])["logits"] for b in (1, 3, 8)}
-        assert runner.runs == {"latency": 1, "streams": 2}  # b3 and b8 ran alone, on the streams
+        assert runner.runs == {"latency": 1, "streams_b1": 0, "streams": 2}  # b3, b8 alone, on the streams
         # b1 on the batch-1 compile; b3 as parts of 1 and 2, b8 as two of 4 at once: a request per part
         assert runner.requests_created - before == 1 + 2 + 2
         assert sorted(k for k, idle in runner._requests.items() if idle) == [
-            (False, 1), (False, 2), (False, 4), (True, 1)
+            ("latency", 1), ("streams", 1), ("streams", 2), ("streams", 4)
         ]  # fmt: skip
     for b, got in whole.items():
         assert got.shape == (b, *want.shape[1:])
@@ -241,8 +248,9 @@ def test_adaptive_serves_concurrent_callers_with_the_same_answers(nano_build: Pa
     assert sorted(got) == list(range(64))
     assert max(float(np.abs(got[i] - want[i]).max()) for i in range(64)) <= tolerance(nano_build)
     assert stats["requests_success"] == 64
-    if runs is not None:  # more than one stream: every batch ran on one of the two compiles
-        assert runs["latency"] + runs["streams"] == stats["batches"]
+    if runs is not None:  # more than one stream: every batch ran on one of the three compiles
+        assert sum(runs.values()) == stats["batches"]
+        assert runs["streams_b1"] > 0  # samples ran beside each other on the batch-1 streams compile
 
 
 def test_unknown_performance_hint_is_refused(nano_build: Path) -> None:

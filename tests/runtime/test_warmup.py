@@ -40,11 +40,12 @@ def test_after_the_warm_up_traffic_of_every_batch_size_creates_no_infer_request(
     with veo_edge.Runtime(nano_build, backend="openvino", performance_hint=hint) as rt:
         described = rt.describe()
         assert described["precision"] == "f32" and described["inference_precision_hint"] == "f32"
-        in_flight = described["infer_requests_in_flight"]
-        if hint == "ADAPTIVE" and in_flight > 1:
-            # one on the batch-1 LATENCY compile; per size on the streams, one per slot and one more (a
-            # lone batch split across the streams while another batch starts beside it)
-            expected = 1 + rt.max_batch * (in_flight + 1)
+        in_flight, streams = described["infer_requests_in_flight"], described["streams"]
+        if hint == "ADAPTIVE" and streams > 1:
+            # one on the batch-1 LATENCY compile, one per slot on the batch-1 streams compile; per size
+            # on the dynamic one, a lone batch split across the streams while a batch per other stream
+            # starts beside it
+            expected = 1 + in_flight + rt.max_batch * (2 * streams - 1)
         else:
             expected = rt.max_batch * in_flight
         x = seeded_inputs(rt.input_shape, rt.max_batch, 3)

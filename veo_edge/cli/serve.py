@@ -50,8 +50,8 @@ def serve(
         "ADAPTIVE",
         "--performance-hint",
         help="OpenVINO: LATENCY (one request at a time, all cores), THROUGHPUT (streams in parallel) or "
-        "ADAPTIVE (both compiled: LATENCY at batch 1 for a sample that runs alone, streams under "
-        "concurrent load and for larger batches; twice the weights in memory).",
+        "ADAPTIVE (LATENCY at batch 1 for a sample that runs alone, streams under concurrent load "
+        "and for larger batches, two batches in flight per stream; three compiles in memory).",
     ),
 ) -> None:
     """Serve builds over HTTP and gRPC (KServe v2 / Triton protocol, /metrics); SIGTERM drains, exits 0.

@@ -216,7 +216,7 @@ class Runtime:
         """Run every batch size (default ``1..max_batch``) once on the active backend, on every infer
         request the batcher can use for it, before traffic: the first batch of each size then runs as
         fast as the later ones, and the process holds from now on the memory it will keep (without it,
-        resident memory grows for as long as batch sizes first appear: 248 to 418-425 MiB on vit-tiny,
+        resident memory grows for as long as batch sizes first appear: 312 to 501 MiB on vit-tiny,
         ADAPTIVE; README). Nothing runs meanwhile. A backend activated later by a fallback warms as it
         serves. Returns what was warmed: backend, batch sizes, infer requests created, seconds."""
         self._require_open()

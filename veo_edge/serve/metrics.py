@@ -171,8 +171,8 @@ class ServeCollector:
         yield precision
         compiles = CounterMetricFamily(
             "veo_edge_openvino_batches",
-            "OpenVINO ADAPTIVE: batches run on its batch-1 LATENCY compile (a lone sample) and on its "
-            "THROUGHPUT streams",
+            "OpenVINO ADAPTIVE: batches run on its batch-1 LATENCY compile (a lone sample), its batch-1 "
+            "THROUGHPUT streams (a sample beside others) and its dynamic-batch streams",
             labels=[*ml, "compile"],
         )
         for compile_, n in sorted((described.get("adaptive_runs") or {}).items()):

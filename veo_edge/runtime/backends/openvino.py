@@ -5,15 +5,22 @@ request; the runner then reports ``concurrency`` (OpenVINO's optimal number of i
 that many batches in parallel when called from as many threads (the runtime's batcher slots). Each call
 takes an idle infer request of its batch size from a pool, so steady state creates no new requests.
 
-``hint="ADAPTIVE"`` compiles the model twice: THROUGHPUT (streams, dynamic batch) and LATENCY with its
-batch axis fixed at 1 (a static shape runs faster than the dynamic batch). A sample that runs alone runs
-on the batch-1 LATENCY compile (all cores on it: a lone client's latency); a larger batch that runs
-alone is split across the streams, one part each, run at once (every core on it, as fast as a LATENCY
-compile runs it whole); a batch that starts while another runs goes to one THROUGHPUT stream (the
-streams keep every core busy under concurrent load, where one LATENCY request at a time leaves them
-waiting on each other). Measured on vit-tiny on 2 cores (README, `bench/serve_limit.py`): LATENCY
-alone serves 1 client as fast and 4 clients at about 85 % of the machine's limit, THROUGHPUT alone 4
-clients faster but 1 client at half the speed.
+``hint="ADAPTIVE"`` compiles the model three times: LATENCY and THROUGHPUT with the batch axis fixed at
+1 (a static shape runs faster than the dynamic batch: 4-7 % on vit-tiny), and THROUGHPUT with the
+dynamic batch. A sample that runs alone runs on the batch-1 LATENCY compile (all cores on it: a lone
+client's latency); a larger batch that runs alone is split across the streams, one part each, run at
+once (every core on it, as fast as a LATENCY compile runs it whole); a batch that starts while another
+runs goes to one THROUGHPUT stream: a sample on the batch-1 streams compile, a larger batch on the
+dynamic one (the streams keep every core busy under concurrent load, where one LATENCY request at a
+time leaves them waiting on each other). ADAPTIVE keeps two batches in flight per stream
+(``QUEUED_PER_STREAM``): one computing and one queued behind it, so that a stream that finishes starts
+the next batch at once, while the callers of the one it finished are still on their way back (with one
+per stream, 4 closed-loop clients on 2 streams leave each stream idle for that round trip after every
+batch). At most one batch per stream runs on the dynamic compile (its infer requests keep their own
+memory per batch size); the batch-1 compile's requests share their stream's memory. Measured on
+vit-tiny on 2 cores (README, `bench/serve_limit.py`): LATENCY alone serves 1 client as fast and 4
+clients at about 85 % of the machine's limit, THROUGHPUT alone 4 clients faster but 1 client at half
+the speed.
 """
 
 from __future__ import annotations
@@ -36,8 +43,10 @@ log = logging.getLogger(__name__)
 # itself the CPU plugin picks bf16 on CPUs with AVX512-BF16 or AMX, and the results change with the machine.
 INFERENCE_PRECISIONS = {"f32": "f32", "bf16": "bf16"}
 #: OpenVINO's performance hints: LATENCY (one stream, all cores on each request) or THROUGHPUT (streams);
-#: ADAPTIVE is veo-edge's: both compiles, LATENCY for a batch that runs alone (see the module doc)
+#: ADAPTIVE is veo-edge's: LATENCY for a batch that runs alone, streams under load (see the module doc)
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "ADAPTIVE")
+#: ADAPTIVE: batches in flight per THROUGHPUT stream, one computing and one queued (see the module doc)
+QUEUED_PER_STREAM = 2
 
 
 def _batch_of_one(model: Any) -> Any:
@@ -155,15 +164,21 @@ class OpenVinoRunner(Runner):
         self.precision_note: str | None = None
         self.hint = hint
         self.streams = streams
-        #: batches this runner runs in parallel (set at activation: 1 for LATENCY)
+        #: batches this runner takes at once (set at activation: 1 for LATENCY; ADAPTIVE queues
+        #: QUEUED_PER_STREAM per stream)
         self.concurrency = 1
+        #: batches that compute at once: OpenVINO's optimal number of infer requests (its streams)
+        self.parallel = 1
         self._compiled: Any = None
         self._latency: Any = None  # ADAPTIVE: the batch-1 LATENCY compile, for a sample that runs alone
-        self._requests: dict[tuple[bool, int], list[Any]] = {}  # idle infer requests (lone?, batch size)
+        self._single: Any = None  # ADAPTIVE: the batch-1 THROUGHPUT compile, for a sample beside others
+        self._dynamic_gate: threading.BoundedSemaphore | None = None  # ADAPTIVE: one dynamic batch a stream
+        #: idle infer requests, by compile ("latency", "streams_b1", "streams") and batch size
+        self._requests: dict[tuple[str, int], list[Any]] = {}
         self._lock = threading.Lock()
         self._in_flight = 0
-        #: ADAPTIVE: batches run on the batch-1 LATENCY compile and on the THROUGHPUT streams
-        self.runs = {"latency": 0, "streams": 0}
+        #: ADAPTIVE: batches run on each compile (batch-1 LATENCY, batch-1 streams, dynamic streams)
+        self.runs = {"latency": 0, "streams_b1": 0, "streams": 0}
         #: infer requests created so far (each holds its own memory for the batch size it runs)
         self.requests_created = 0
 
@@ -193,15 +208,18 @@ class OpenVinoRunner(Runner):
         self._compiled = self._compile(core, model, config)
         self._inputs = [_meta(p) for p in self._compiled.inputs]
         self._outputs = [_meta(p) for p in self._compiled.outputs]
-        self.concurrency = (
+        self.parallel = self.concurrency = (
             1
             if self.hint == "LATENCY" and self.streams is None
             else max(1, int(self._compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
         )
-        if adaptive and self.concurrency > 1:  # one stream only (one core): nothing to adapt between
+        if adaptive and self.parallel > 1:  # one stream only (one core): nothing to adapt between
             self._latency = self._compile(
                 core, _batch_of_one(model), compile_config(compute, self.threads, "LATENCY")
             )
+            self._single = self._compile(core, _batch_of_one(model), config)
+            self._dynamic_gate = threading.BoundedSemaphore(self.parallel)
+            self.concurrency = self.parallel * QUEUED_PER_STREAM
         self.served_precision = served
 
     def _compile(self, core: Any, model: Any, config: dict[str, Any]) -> Any:
@@ -216,42 +234,50 @@ class OpenVinoRunner(Runner):
 
     def _deactivate(self) -> None:
         self._requests.clear()
-        self._compiled = self._latency = None
+        self._compiled = self._latency = self._single = self._dynamic_gate = None
 
     def _infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # idle infer requests are kept per compile and batch size: their tensors are reused, so steady
         # state allocates nothing new; concurrent calls (THROUGHPUT streams) each take their own
         batch = next(iter(feed.values())).shape[0]
+        adaptive = self._latency is not None
         with self._lock:
-            alone = self._latency is not None and self._in_flight == 0
+            alone = adaptive and self._in_flight == 0
             self._in_flight += 1
-            if self._latency is not None:
-                self.runs["latency" if alone and batch == 1 else "streams"] += 1
+            if adaptive:
+                self.runs[
+                    "latency" if alone and batch == 1 else "streams_b1" if batch == 1 else "streams"
+                ] += 1
         try:
-            if alone and batch == 1:  # ADAPTIVE: a lone sample, on the batch-1 LATENCY compile
-                return self._run(True, self._latency, feed)
-            if alone:  # ADAPTIVE: a lone batch, split across the streams so that every core works on it
-                return self._run_split(feed, batch)
-            return self._run(False, self._compiled, feed)
+            if not adaptive:
+                return self._run("streams", self._compiled, feed)
+            if batch == 1:  # a sample: alone on the LATENCY compile, beside others on a stream
+                if alone:
+                    return self._run("latency", self._latency, feed)
+                return self._run("streams_b1", self._single, feed)
+            with self._dynamic_gate:  # one dynamic batch per stream: their requests keep their memory
+                if alone:  # a lone batch, split across the streams so that every core works on it
+                    return self._run_split(feed, batch)
+                return self._run("streams", self._compiled, feed)
         finally:
             with self._lock:
                 self._in_flight -= 1
 
-    def _take(self, lone: bool, batch: int, compiled: Any) -> Any:
+    def _take(self, kind: str, batch: int, compiled: Any) -> Any:
         with self._lock:
-            idle = self._requests.setdefault((lone, batch), [])
+            idle = self._requests.setdefault((kind, batch), [])
             if idle:
                 return idle.pop()
             self.requests_created += 1
         return compiled.create_infer_request()
 
-    def _give(self, lone: bool, batch: int, request: Any) -> None:
+    def _give(self, kind: str, batch: int, request: Any) -> None:
         with self._lock:
-            self._requests.setdefault((lone, batch), []).append(request)
+            self._requests.setdefault((kind, batch), []).append(request)
 
-    def _run(self, lone: bool, compiled: Any, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run(self, kind: str, compiled: Any, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         batch = next(iter(feed.values())).shape[0]
-        request = self._take(lone, batch, compiled)
+        request = self._take(kind, batch, compiled)
         try:
             result = request.infer(feed)
             return {
@@ -261,14 +287,18 @@ class OpenVinoRunner(Runner):
         except Exception as e:
             raise BackendError(f"OpenVINO inference failed: {e}") from e
         finally:
-            self._give(lone, batch, request)
+            self._give(kind, batch, request)
+
+    def _parts(self, batch: int) -> list[tuple[int, int]]:
+        """The rows (start, stop) of a lone batch's parts, one per stream."""
+        bounds = np.linspace(0, batch, min(self.parallel, batch) + 1)
+        return list(itertools.pairwise(int(b) for b in bounds))
 
     def _run_split(self, feed: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
-        """One batch as ``concurrency`` parts, one per stream, run at once (as fast as the LATENCY
+        """One batch as ``parallel`` parts, one per stream, run at once (as fast as the LATENCY
         compile runs the whole batch on every core, measured in the README)."""
-        bounds = np.linspace(0, batch, min(self.concurrency, batch) + 1)
-        parts = list(itertools.pairwise(int(b) for b in bounds))
-        requests = [self._take(False, b - a, self._compiled) for a, b in parts]
+        parts = self._parts(batch)
+        requests = [self._take("streams", b - a, self._compiled) for a, b in parts]
         try:
             _run_at_once(requests, [{name: x[a:b] for name, x in feed.items()} for a, b in parts])
             ports = self._compiled.outputs
@@ -280,32 +310,39 @@ class OpenVinoRunner(Runner):
             raise BackendError(f"OpenVINO inference failed: {e}") from e
         finally:
             for request, (a, b) in zip(requests, parts, strict=True):
-                self._give(False, b - a, request)
+                self._give("streams", b - a, request)
 
     def warm_up(self, sizes: Sequence[int], in_flight: int = 1) -> int:
         """Create, and run once on zeros, every infer request the traffic can use for ``sizes``: on each
-        compile, for each batch size, as many as can run at once (ADAPTIVE: one on the batch-1 compile,
-        which runs a sample only alone, and ``in_flight`` + 1 per size on the streams, for a lone batch
-        split across them beside one more batch). Those on the streams run at once, so that each stream
-        meets each size. Afterwards serving creates no infer request and each size's
-        first batch runs as fast as its later ones (measured in the README)."""
+        compile, for each batch size, as many as can run at once (``in_flight``, the batcher's slots;
+        ADAPTIVE: one on the batch-1 LATENCY compile, which runs a sample only alone, ``concurrency`` on
+        the batch-1 streams compile, and 2 × ``parallel`` - 1 per size on the dynamic one: a lone batch
+        split across the streams, one part each, while one batch per other stream starts beside it).
+        Each compile's requests run at once, so that each stream meets each size. Afterwards serving
+        creates no infer request and each size's first batch runs as fast as its later ones (measured
+        in the README)."""
         self._require_active()
-        compiles = [(False, self._compiled, sizes, max(1, in_flight))]
+        compiles = [("streams", self._compiled, sizes, max(1, in_flight))]
         if self._latency is not None:
-            # the batch-1 compile runs only alone; a lone batch split across the streams takes one
-            # request per stream while one more batch may start beside it
-            compiles = [(True, self._latency, [1], 1), (False, self._compiled, sizes, max(1, in_flight) + 1)]
+            ones = [1] if 1 in sizes else []
+            # the dynamic compile runs batches of 2 and more, and the parts of lone ones split
+            dynamic = {b for b in sizes if b > 1} | {z - a for b in sizes if b > 1 for a, z in self._parts(b)}
+            compiles = [
+                ("latency", self._latency, ones, 1),
+                ("streams_b1", self._single, ones, self.concurrency),
+                ("streams", self._compiled, sorted(dynamic), 2 * self.parallel - 1),
+            ]
         before = self.requests_created
-        for lone, compiled, batches, count in compiles:
+        for kind, compiled, batches, count in compiles:
             for b in batches:
-                requests = [self._take(lone, b, compiled) for _ in range(count)]
+                requests = [self._take(kind, b, compiled) for _ in range(count)]
                 try:
                     _run_at_once(requests, [zeros_feed(self._inputs, b)] * count)
                 except Exception as e:
                     raise BackendError(f"OpenVINO warm-up at batch {b} failed: {e}") from e
                 finally:
                     for request in requests:
-                        self._give(lone, b, request)
+                        self._give(kind, b, request)
         return self.requests_created - before
 
     def describe(self) -> dict[str, Any]:
@@ -320,6 +357,7 @@ class OpenVinoRunner(Runner):
             **({"precision_note": self.precision_note} if self.precision_note else {}),
             "performance_hint": self.hint,
             "infer_requests_in_flight": self.concurrency,
+            "streams": self.parallel,
             "infer_requests": self.requests_created,
             **({"adaptive_runs": dict(self.runs)} if self._latency is not None else {}),
         }
