@@ -11,6 +11,10 @@ Rows, on the same OpenVINO IR (the one the build serves: f32, or its int8 IR; th
 - ``raw limit bN``: an ``AsyncInferQueue`` over a THROUGHPUT-compiled model (OpenVINO's streams, its
   optimal number of infer requests) kept full at batch N for N in 1, 2, 4, 8; the best is the limit,
   measured again (at that batch) at the start of every round, the median over rounds used;
+- ``static``: the same two with the batch axis fixed (at 1) before compiling, as ADAPTIVE serves a
+  sample (a static shape runs faster than the IR's dynamic batch): ``raw sync b1 static``, and ``raw
+  limit static b1`` with two infer requests per stream (one queued behind each running one). The rows
+  report their share of both limits and their p50 against both syncs;
 - ``serve http|grpc cK``: one ``veo-edge serve`` process per ``--hint`` (its ``--performance-hint``; with
   several hints the rows are ``HINT http|grpc cK``, all interleaved), K closed-loop clients
   sending batch-1 binary requests with ``tritonclient`` (threads) or, with ``--perf-analyzer``, with
@@ -52,14 +56,22 @@ def served_ir(bd) -> tuple[str, str]:
     return precision, str(bd.artifact("openvino_int8_xml" if precision == "int8" else "openvino_xml"))
 
 
-def sync_request(xml: str):
+def _read(core, xml: str, static: bool):
+    """The IR, with its batch axis fixed at 1 when ``static`` (as ADAPTIVE compiles it)."""
+    from veo_edge.runtime.backends.openvino import _batch_of_one
+
+    model = core.read_model(xml)
+    return _batch_of_one(model) if static else model
+
+
+def sync_request(xml: str, static: bool = False):
     """One infer request on a LATENCY compile of ``xml`` (f32 stated): raw sync batch 1."""
     import openvino as ov
 
     from veo_edge.runtime.backends.openvino import compile_config
 
     core = ov.Core()
-    compiled = core.compile_model(core.read_model(xml), "CPU", compile_config("f32", hint="LATENCY"))
+    compiled = core.compile_model(_read(core, xml, static), "CPU", compile_config("f32", hint="LATENCY"))
     return compiled.create_infer_request()
 
 
@@ -76,18 +88,20 @@ def time_sync(request, x: np.ndarray, seconds: float) -> dict:
     return {"samples_s": len(lat) / sum(lat), **percentiles(lat)}
 
 
-def raw_sync(xml: str, x: np.ndarray, seconds: float) -> dict:
-    return time_sync(sync_request(xml), x, seconds)
+def raw_sync(xml: str, x: np.ndarray, seconds: float, static: bool = False) -> dict:
+    return time_sync(sync_request(xml, static), x, seconds)
 
 
-def raw_limit(xml: str, x1: np.ndarray, batch: int, seconds: float) -> dict:
+def raw_limit(xml: str, x1: np.ndarray, batch: int, seconds: float, static: bool = False) -> dict:
+    """Samples/s of a THROUGHPUT compile kept full at ``batch``; ``static``: batch 1 fixed in the
+    model, two infer requests per stream."""
     import openvino as ov
 
     from veo_edge.runtime.backends.openvino import compile_config
 
     core = ov.Core()
-    compiled = core.compile_model(core.read_model(xml), "CPU", compile_config("f32", hint="THROUGHPUT"))
-    nreq = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+    compiled = core.compile_model(_read(core, xml, static), "CPU", compile_config("f32", hint="THROUGHPUT"))
+    nreq = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")) * (2 if static else 1)
     x = np.ascontiguousarray(np.repeat(x1, batch, 0))
     queue = ov.AsyncInferQueue(compiled, nreq)
     for _ in range(2 * nreq):
@@ -243,6 +257,12 @@ def main() -> None:
             print(f"raw limit b{b} ({r['requests']} reqs) {r['samples_s']:8.1f} samples/s")
         best = max(by_batch, key=by_batch.__getitem__)
         limits = [by_batch[best]]  # this round's; later rounds measure again at the best batch
+        static_syncs = [raw_sync(xml, x, args.seconds, static=True)]
+        print(f"raw sync b1 static     {static_syncs[0]['samples_s']:8.1f} samples/s  p50 "
+              f"{static_syncs[0]['p50'] / 1e3:6.2f}")  # fmt: skip
+        r = raw_limit(xml, x, 1, args.seconds, static=True)
+        static_limits = [r["samples_s"]]
+        print(f"raw limit static b1 ({r['requests']} reqs) {r['samples_s']:8.1f} samples/s")
         cells: dict[tuple[str, str, int], list[dict]] = {}
         hints = [h.strip().upper() for h in args.hint.split(",") if h.strip()]
         with contextlib.ExitStack() as stack:
@@ -260,6 +280,8 @@ def main() -> None:
                 if i:  # raw sync and the limit again: the machine may be shared and drift
                     syncs.append(raw_sync(xml, x, args.seconds))
                     limits.append(raw_limit(xml, x, best, args.seconds)["samples_s"])
+                    static_syncs.append(raw_sync(xml, x, args.seconds, static=True))
+                    static_limits.append(raw_limit(xml, x, 1, args.seconds, static=True)["samples_s"])
                 for k in levels:
                     for who, transport, port in targets:
                         if args.perf_analyzer:
@@ -273,7 +295,20 @@ def main() -> None:
         limit = _median(limits)
         each = ", ".join(f"{v:.1f}" for v in limits)
         print(f"raw limit (b{best}) over {len(limits)} round(s): {limit:.1f} samples/s ({each})")
-        print(f"{'':22} {'samples/s':>9} {'p50':>7} {'p99':>7} {'errors':>6} {'of limit':>8} {'p50-sync':>8}")
+        static_sync = _median(s["p50"] for s in static_syncs)
+        each = ", ".join(f"{r['p50'] / 1e3:.2f}" for r in static_syncs)
+        print(
+            f"raw sync b1 static p50 over {len(static_syncs)} round(s): {static_sync / 1e3:.2f} ms ({each})"
+        )
+        static_limit = _median(static_limits)
+        each = ", ".join(f"{v:.1f}" for v in static_limits)
+        print(
+            f"raw limit static b1 over {len(static_limits)} round(s): {static_limit:.1f} samples/s ({each})"
+        )
+        print(
+            f"{'':22} {'samples/s':>9} {'p50':>7} {'p99':>7} {'errors':>6} {'of limit':>8} {'static':>6} "
+            f"{'p50-sync':>8} {'-static':>7}"
+        )
         rates: dict[tuple[str, str, int], float] = {}
         for k in levels:
             for who, transport, _ in targets:
@@ -286,8 +321,8 @@ def main() -> None:
                     pct = {"p50": _median(r["p50"] for r in rs), "p99": _median(r["p99"] for r in rs)}
                 print(
                     f"{who:8} {transport:4} c{k:<8} {rate:9.1f} {pct['p50'] / 1e3:7.2f} {pct['p99'] / 1e3:7.2f} "
-                    f"{sum(r['errors'] for r in rs):6d} {rate / limit:8.0%} "
-                    f"{(pct['p50'] - sync['p50']) / 1e3:+8.2f}"
+                    f"{sum(r['errors'] for r in rs):6d} {rate / limit:8.0%} {rate / static_limit:6.0%} "
+                    f"{(pct['p50'] - sync['p50']) / 1e3:+8.2f} {(pct['p50'] - static_sync) / 1e3:+7.2f}"
                 )
 
         if triton:
