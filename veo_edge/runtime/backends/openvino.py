@@ -244,21 +244,18 @@ class OpenVinoRunner(Runner):
         with self._lock:
             alone = adaptive and self._in_flight == 0
             self._in_flight += 1
+            # ADAPTIVE: a sample alone on the LATENCY compile, beside others on a batch-1 stream
+            kind = "streams" if not adaptive or batch > 1 else "latency" if alone else "streams_b1"
             if adaptive:
-                self.runs[
-                    "latency" if alone and batch == 1 else "streams_b1" if batch == 1 else "streams"
-                ] += 1
+                self.runs[kind] += 1
         try:
-            if not adaptive:
-                return self._run("streams", self._compiled, feed)
-            if batch == 1:  # a sample: alone on the LATENCY compile, beside others on a stream
-                if alone:
-                    return self._run("latency", self._latency, feed)
-                return self._run("streams_b1", self._single, feed)
+            if kind != "streams" or not adaptive:
+                compiled = {"latency": self._latency, "streams_b1": self._single}.get(kind, self._compiled)
+                return self._run(kind, compiled, feed)
             with self._dynamic_gate:  # one dynamic batch per stream: their requests keep their memory
                 if alone:  # a lone batch, split across the streams so that every core works on it
                     return self._run_split(feed, batch)
-                return self._run("streams", self._compiled, feed)
+                return self._run(kind, self._compiled, feed)
         finally:
             with self._lock:
                 self._in_flight -= 1
