@@ -289,22 +289,11 @@ def main() -> None:
                         else:
                             r = clients(transport, port, name, x, k, args.seconds)
                         cells.setdefault((who, transport, k), []).append(r)
-        sync = {"p50": _median(s["p50"] for s in syncs)}
-        each = ", ".join(f"{r['p50'] / 1e3:.2f}" for r in syncs)
-        print(f"raw sync b1 p50 over {len(syncs)} round(s): {sync['p50'] / 1e3:.2f} ms ({each})")
-        limit = _median(limits)
-        each = ", ".join(f"{v:.1f}" for v in limits)
-        print(f"raw limit (b{best}) over {len(limits)} round(s): {limit:.1f} samples/s ({each})")
-        static_sync = _median(s["p50"] for s in static_syncs)
-        each = ", ".join(f"{r['p50'] / 1e3:.2f}" for r in static_syncs)
-        print(
-            f"raw sync b1 static p50 over {len(static_syncs)} round(s): {static_sync / 1e3:.2f} ms ({each})"
-        )
-        static_limit = _median(static_limits)
-        each = ", ".join(f"{v:.1f}" for v in static_limits)
-        print(
-            f"raw limit static b1 over {len(static_limits)} round(s): {static_limit:.1f} samples/s ({each})"
-        )
+        # p50s in µs, like the served rows' percentiles; printed in ms
+        sync = _over_rounds("raw sync b1 p50", [r["p50"] for r in syncs], 1e-3, "ms", 2)
+        limit = _over_rounds(f"raw limit (b{best})", limits, 1, "samples/s", 1)
+        static_sync = _over_rounds("raw sync b1 static p50", [r["p50"] for r in static_syncs], 1e-3, "ms", 2)
+        static_limit = _over_rounds("raw limit static b1", static_limits, 1, "samples/s", 1)
         print(
             f"{'':22} {'samples/s':>9} {'p50':>7} {'p99':>7} {'errors':>6} {'of limit':>8} {'static':>6} "
             f"{'p50-sync':>8} {'-static':>7}"
@@ -322,7 +311,7 @@ def main() -> None:
                 print(
                     f"{who:8} {transport:4} c{k:<8} {rate:9.1f} {pct['p50'] / 1e3:7.2f} {pct['p99'] / 1e3:7.2f} "
                     f"{sum(r['errors'] for r in rs):6d} {rate / limit:8.0%} {rate / static_limit:6.0%} "
-                    f"{(pct['p50'] - sync['p50']) / 1e3:+8.2f} {(pct['p50'] - static_sync) / 1e3:+7.2f}"
+                    f"{(pct['p50'] - sync) / 1e3:+8.2f} {(pct['p50'] - static_sync) / 1e3:+7.2f}"
                 )
 
         if triton:
@@ -335,6 +324,15 @@ def main() -> None:
                         for t in ("http", "grpc")
                     )
                 )
+
+
+def _over_rounds(label: str, values: list[float], scale: float, unit: str, digits: int) -> float:
+    """Print a raw row's median over the rounds and each round's value (times ``scale``, in ``unit``);
+    return the unscaled median."""
+    median = _median(values)
+    each = ", ".join(f"{v * scale:.{digits}f}" for v in values)
+    print(f"{label} over {len(values)} round(s): {median * scale:.{digits}f} {unit} ({each})")
+    return median
 
 
 def _median(values) -> float:
