@@ -125,7 +125,7 @@ def run_precision_stage(
     xml = fp32_xml
     held_out: Data | None = None
     if served == "int8":
-        from veo_edge.export.quantize import Int8Quantize
+        from veo_edge.export.quantize import SETTINGS, Int8Quantize
 
         cal = _calibration(loaded, opts.calibration)
         cal_x = cal.x
@@ -141,6 +141,7 @@ def run_precision_stage(
                 Data(cal.x[-n_hold:], None, f"{cal.source}, last {n_hold} held out"),
             )
         section["calibration"] = {"data": cal.source, "samples": len(cal_x)}
+        section["quantization"] = dict(SETTINGS)
         xml = fp32_xml.with_name("model.int8.xml")
         with rep.stage("quantize", f"Quantizing the OpenVINO IR to INT8 with NNCF ({len(cal_x)} samples)"):
             Int8Quantize(cal_x, quiet=opts.quiet)(fp32_xml, xml)
@@ -205,6 +206,12 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
     if section.get("calibration"):
         c = section["calibration"]
         lines.append(f"calibration: {c['samples']} samples ({c['data']})")
+    q = section.get("quantization")
+    if q:
+        lo, hi = q["weight_range"]
+        lines.append(
+            f"int8 weights within [{lo}, {hi}] ({q['tool']} overflow fix): the same results on CPUs with and without VNNI"
+        )
     acc = section.get("accuracy")
     if acc:
         per = ", ".join(f"{b} {p} {v:.2f}%" for b, d in acc["top1"].items() for p, v in d.items())
