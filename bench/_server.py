@@ -90,3 +90,43 @@ def sample(build: Path, batch: int = 1, seed: int = 0) -> np.ndarray:
 def percentiles(values_s: list[float]) -> dict[str, float]:
     us = np.asarray(values_s) * 1e6
     return {f"p{q}": float(np.percentile(us, q)) for q in (50, 90, 99)} | {"mean": float(us.mean())}
+
+
+def http_infer(build: Path, port: int) -> Any:
+    """A callable that sends one batch-1 binary infer request (as perf_analyzer sends it) to the server
+    on ``port`` over one kept-alive connection and returns its latency in ms; ``.close()`` closes it."""
+    import http.client
+
+    from veo_edge.builddir import BuildDir
+    from veo_edge.serve.protocol import encode_infer_request
+
+    bd = BuildDir.open(build)
+    m = bd.manifest
+    body, hlen = encode_infer_request(
+        {m["inputs"][0]["name"]: sample(build, 1)}, outputs=[m["outputs"][0]["name"]]
+    )
+    headers = {"Inference-Header-Content-Length": str(hlen), "Content-Type": "application/octet-stream"}
+    path = f"/v2/models/{bd.model_name}/infer"
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+
+    def once() -> float:
+        t = time.perf_counter_ns()
+        conn.request("POST", path, body, headers)
+        r = conn.getresponse()
+        r.read()
+        if r.status != 200:
+            raise RuntimeError(f"the server on port {port} answered {r.status}")
+        return (time.perf_counter_ns() - t) / 1e6
+
+    once.close = conn.close  # type: ignore[attr-defined]
+    return once
+
+
+def median_ci(values: list[float], seed: int = 0, draws: int = 400) -> tuple[float, float, float]:
+    """(median, low, high): the median of ``values`` and its bootstrap 95 % interval."""
+    import random
+    import statistics
+
+    rng = random.Random(seed)
+    boot = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return statistics.median(values), boot[int(0.025 * draws)], boot[int(0.975 * draws) - 1]

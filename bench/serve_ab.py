@@ -21,10 +21,9 @@ import http.client
 import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
-from _server import build_dir, sample, server
+from _server import build_dir, http_infer, median_ci, sample, server
 
 
 def burst(port: int, name: str, body: bytes, headers: dict, n: int, clients: int = 4) -> None:
@@ -63,41 +62,26 @@ def run(build: Path, first: str, second: str, requests: int, hint: str, seed: in
         server(build, *args, env={"PYTHONPATH": first}) as port_a,
         server(build, *args, env={"PYTHONPATH": second}) as port_b,
     ):
-        conns = {
-            "a": http.client.HTTPConnection("127.0.0.1", port_a),
-            "b": http.client.HTTPConnection("127.0.0.1", port_b),
-        }
-
-        def once(which: str) -> float:
-            c = conns[which]
-            t = time.perf_counter_ns()
-            c.request("POST", f"/v2/models/{name}/infer", body, headers)
-            r = c.getresponse()
-            r.read()
-            if r.status != 200:
-                raise RuntimeError(f"the {which} server answered {r.status}")
-            return (time.perf_counter_ns() - t) / 1e6
-
+        calls = {"a": http_infer(build, port_a), "b": http_infer(build, port_b)}
         for port in (port_a, port_b) if bursts else ():
             burst(port, name, body, headers, bursts)
         for _ in range(30):  # warm both: connections, every code path, the model
-            once("a")
-            once("b")
+            calls["a"]()
+            calls["b"]()
         rng = random.Random(seed)
         diffs, a_ms, b_ms = [], [], []
         for _ in range(requests):
             order = ("a", "b") if rng.random() < 0.5 else ("b", "a")
-            got = {k: once(k) for k in order}
+            got = {k: calls[k]() for k in order}
             a_ms.append(got["a"])
             b_ms.append(got["b"])
             diffs.append(got["b"] - got["a"])
-        for c in conns.values():
+        for c in calls.values():
             c.close()
-    boot = sorted(statistics.median(rng.choices(diffs, k=len(diffs))) for _ in range(400))
-    d = statistics.median(diffs)
+    d, lo, hi = median_ci(diffs)
     print(
         f"  first {first}: p50 {statistics.median(a_ms):.3f} ms; second {second}: p50 "
-        f"{statistics.median(b_ms):.3f} ms; second - first {d:+.3f} ms (95 % {boot[10]:+.3f}..{boot[389]:+.3f})",
+        f"{statistics.median(b_ms):.3f} ms; second - first {d:+.3f} ms (95 % {lo:+.3f}..{hi:+.3f})",
         flush=True,
     )
     return d
