@@ -210,7 +210,7 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
     if q:
         lo, hi = q["weight_range"]
         lines.append(
-            f"int8 weights within [{lo}, {hi}] ({q['tool']} overflow fix): the same results on CPUs with and without VNNI"
+            f"int8 weights within [{lo}, {hi}] ({q['tool']} overflow fix): no int16 saturation on CPUs without VNNI"
         )
     acc = section.get("accuracy")
     if acc:
