@@ -41,7 +41,7 @@ def run(build, hint: str, requests: int, seed: int) -> dict[str, tuple[float, fl
         request.infer(x)
         return (time.perf_counter_ns() - t) / 1e6
 
-    with server(build, "--performance-hint", hint) as port:
+    with server(build, "--performance-hint", hint, "--grpc-port", "0") as port:  # 8001 may be taken
         served = http_infer(build, port)
         calls = {"served": served, **{k: (lambda r=r: raw(r)) for k, r in raws.items()}}
         for _ in range(20):  # warm every path
