@@ -17,26 +17,24 @@ Loopback only, bounded in requests.
 from __future__ import annotations
 
 import argparse
-import http.client
 import random
 import statistics
 import sys
 from pathlib import Path
 
-from _server import build_dir, http_infer, median_ci, sample, server
+from _server import build_dir, http_infer, median_ci, server
 
 
-def burst(port: int, name: str, body: bytes, headers: dict, n: int, clients: int = 4) -> None:
+def burst(build: Path, port: int, n: int, clients: int = 4) -> None:
     """``n`` requests from ``clients`` concurrent clients: the server runs its concurrent paths (e.g.
     ADAPTIVE's streams) as a server that has seen load has."""
     import threading
 
     def client() -> None:
-        c = http.client.HTTPConnection("127.0.0.1", port)
+        call = http_infer(build, port)
         for _ in range(-(-n // clients)):
-            c.request("POST", f"/v2/models/{name}/infer", body, headers)
-            c.getresponse().read()
-        c.close()
+            call()
+        call.close()
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
@@ -47,16 +45,6 @@ def burst(port: int, name: str, body: bytes, headers: dict, n: int, clients: int
 
 def run(build: Path, first: str, second: str, requests: int, hint: str, seed: int, bursts: int = 0) -> float:
     """Median over request pairs of (second tree's latency - first tree's), in ms; prints the run."""
-    from veo_edge.builddir import BuildDir
-    from veo_edge.serve.protocol import encode_infer_request
-
-    bd = BuildDir.open(build)
-    name = bd.model_name
-    m = bd.manifest
-    body, hlen = encode_infer_request(
-        {m["inputs"][0]["name"]: sample(build, 1)}, outputs=[m["outputs"][0]["name"]]
-    )
-    headers = {"Inference-Header-Content-Length": str(hlen), "Content-Type": "application/octet-stream"}
     args = ("--performance-hint", hint, "--grpc-port", "0", "--metrics-port", "0")
     with (
         server(build, *args, env={"PYTHONPATH": first}) as port_a,
@@ -64,7 +52,7 @@ def run(build: Path, first: str, second: str, requests: int, hint: str, seed: in
     ):
         calls = {"a": http_infer(build, port_a), "b": http_infer(build, port_b)}
         for port in (port_a, port_b) if bursts else ():
-            burst(port, name, body, headers, bursts)
+            burst(build, port, bursts)
         for _ in range(30):  # warm both: connections, every code path, the model
             calls["a"]()
             calls["b"]()
