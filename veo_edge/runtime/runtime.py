@@ -12,39 +12,30 @@ Selection: the candidates of the policy (default tensorrt -> onnxruntime-cuda ->
 order (see :mod:`veo_edge.runtime.policy`); every skip is recorded with its reason in ``state.skipped``.
 Mid-run fallback: when the active backend fails on a batch (CUDA out of memory, device lost, any
 backend error), that same batch is re-run on the next usable candidate and the runtime stays there; the
-switch is logged and recorded in ``state.switches``. Every request is answered exactly once. With
-``fallback=False`` only the first candidate is eligible and its failures are errors. Faults can be
-injected through ``faults`` or ``$VEO_EDGE_FAULTS`` (see :mod:`veo_edge.runtime.faults`).
+switch is logged and recorded in ``state.switches`` (see :mod:`veo_edge.runtime.fallback`). Every request
+is answered exactly once. With ``fallback=False`` only the first candidate is eligible and its failures
+are errors. Faults can be injected through ``faults`` or ``$VEO_EDGE_FAULTS`` (see :mod:`veo_edge.runtime.faults`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from veo_edge.builddir import BuildDir
-from veo_edge.errors import (
-    BackendError,
-    BackendUnavailableError,
-    InputError,
-    ModelLoadError,
-    NoBackendError,
-    UsageError,
-    VeoEdgeError,
-)
+from veo_edge.errors import InputError, NoBackendError, UsageError
 from veo_edge.runtime.backends.base import Runner, TensorMeta
 from veo_edge.runtime.backends.openvino import PERFORMANCE_HINTS
 from veo_edge.runtime.batching import Arrival, Batcher, BatcherStats, ClosedError
+from veo_edge.runtime.fallback import HISTORY, CandidateStatus, Fallback, RuntimeState, concurrency
 from veo_edge.runtime.faults import FaultPlan, parse_faults
 from veo_edge.runtime.policy import (
     BACKENDS,
@@ -55,39 +46,9 @@ from veo_edge.runtime.policy import (
     resolve_policy,
 )
 
+__all__ = ["HISTORY", "CandidateStatus", "Runtime", "RuntimeState"]
+
 log = logging.getLogger("veo_edge.runtime")
-
-#: how many skips and switches the runtime's state keeps (the newest); counters are not capped
-HISTORY = 256
-
-
-def _short(reason: str, limit: int = 120) -> str:
-    """The first line of a reason, cut at ``limit`` characters (the full one goes to the details)."""
-    line = reason.strip().splitlines()[0] if reason.strip() else reason
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-@dataclass(frozen=True)
-class CandidateStatus:
-    name: str
-    status: str  # untried | active | standby | skipped | failed | disabled
-    reason: str | None = None
-
-
-@dataclass(frozen=True)
-class RuntimeState:
-    """A snapshot of the runtime's backend selection and fallback history."""
-
-    active_backend: str | None
-    candidates: list[CandidateStatus]
-    skipped: list[dict[str, str]]
-    switches: list[dict[str, Any]]
-    fallback_count: int
-    ready: bool
-    closed: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -165,20 +126,17 @@ class Runtime:
         self.input_dtype = np.dtype(manifest["inputs"][0]["dtype"])
         self.output_name = manifest["outputs"][0]["name"]
 
-        # batches run on the runner under the gate's shared side, at most the runner's concurrency at
-        # once (_slots); activation, switching and closing take its exclusive side
-        self._exec_lock = _Gate()
-        self._slots = threading.BoundedSemaphore(1)
+        # the active runner, its gate (batches share it; activation, switching and closing take it alone)
+        # and the history of skips and switches
+        self._backends = Fallback(
+            self.names,
+            disabled,
+            probe=lambda name: probe_candidate(name, self.build, self.gpu_memory_budget, gpu=self.gpu),
+            make=self._make,
+            fallback=fallback,
+            where=str(self.build.path),
+        )
         self._state_lock = threading.Lock()
-        self._runner: Runner | None = None
-        self._active: int | None = None  # index into self.names
-        self._status = {n: CandidateStatus(n, "untried") for n in self.names}
-        for n in disabled:
-            self._status[n] = CandidateStatus(n, "disabled", "fallback is off (--no-fallback)")
-        # bounded histories: a runtime that probes for recovery for days must not grow without limit
-        self._skipped: deque[dict[str, str]] = deque(maxlen=HISTORY)
-        self._switches: deque[dict[str, Any]] = deque(maxlen=HISTORY)
-        self._fallback_count = 0  # failures switched away from, counted beyond the history's length
         self._sync = _Counters()
         #: batch size -> total compute time (us) of the batches of that size, both paths (Triton batch_stats)
         self._batch_compute_us: dict[int, float] = {}
@@ -193,13 +151,13 @@ class Runtime:
         """Verify the artifacts the candidates load against the manifest (once; a tampered build raises
         :class:`~veo_edge.errors.ArtifactMismatchError`), probe the candidates in order, activate the first
         usable one, start the batcher."""
-        with self._exec_lock:
+        with self._backends.gate:
             if self._closed:
                 raise ClosedError("this runtime was closed; create a new Runtime")
             if self._started:
                 return self
             self.build.verify(sorted({k for n in self.names for k in artifacts_of(n, self.build)}))
-            self._activate_from(0)
+            self._backends.activate_from(0)
             self._batcher = Batcher(
                 self._run_batch,
                 self.input_shape,
@@ -207,7 +165,7 @@ class Runtime:
                 self.max_batch,
                 self.max_queue_delay_ms,
                 self.max_queue,
-                slots=self.concurrency or _concurrency(self._runner),
+                slots=self.concurrency or concurrency(self._backends.runner),
             )
             self._started = True
         return self
@@ -226,11 +184,11 @@ class Runtime:
         if not sizes or not 1 <= sizes[0] <= sizes[-1] <= self.max_batch:
             raise UsageError(f"warm-up batch sizes must lie in 1..{self.max_batch} (the build's --max-batch)")
         start = time.perf_counter()
-        with self._exec_lock:  # exclusive: no batch runs, no backend switches while warming
-            runner = self._runner
+        with self._backends.gate:  # exclusive: no batch runs, no backend switches while warming
+            runner = self._backends.runner
             if runner is None:
                 raise NoBackendError("no backend is active to warm up; see runtime.state")
-            created = runner.warm_up(sizes, _concurrency(runner))
+            created = runner.warm_up(sizes, concurrency(runner))
         if self._batcher is not None:
             self._batcher.warm_up()
         report = {
@@ -260,10 +218,7 @@ class Runtime:
             if self._batcher.alive:  # timed out while draining: it releases nothing
                 log.warning("runtime closed with requests still running after %ss", timeout)
                 return
-        with self._exec_lock:
-            if self._runner is not None:
-                self._runner.deactivate()
-                self._runner = None
+        self._backends.deactivate()
 
     def __enter__(self) -> Runtime:
         return self.start()
@@ -371,114 +326,20 @@ class Runtime:
         )
         return self._fault_plan.wrap(runner, name)
 
-    def _set_status(self, name: str, status: str, reason: str | None = None) -> None:
-        with self._state_lock:
-            self._status[name] = CandidateStatus(name, status, reason)
-
-    def _try(self, index: int) -> Runner | None:
-        """Probe and activate candidate ``index``; ``None`` (and a recorded skip) when it cannot run."""
-        name = self.names[index]
-        verdict = probe_candidate(name, self.build, self.gpu_memory_budget, gpu=self.gpu)
-        reason = verdict.reason
-        runner = None
-        if verdict.ok:
-            try:
-                runner = self._make(name).activate()
-            except (BackendUnavailableError, BackendError, ModelLoadError) as e:
-                reason = str(e)
-        if runner is None:
-            reason = reason or "unusable (no reason given)"
-            log.info("backend %s skipped: %s", name, reason)
-            with self._state_lock:
-                self._skipped.append({"backend": name, "reason": reason})
-                self._status[name] = CandidateStatus(name, "skipped", reason)
-        return runner
-
-    def _activate_from(self, first: int, failure: str | None = None) -> None:
-        """Activate the first usable candidate at or after ``first``; raise :class:`NoBackendError`."""
-        for i in range(first, len(self.names)):
-            runner = self._try(i)
-            if runner is not None:
-                self._use(runner, i)
-                log.info("backend %s active", self.names[i])
-                return
-        names = self.names[first:]
-        skipped = [dict(s) for s in self._skipped if s["backend"] in names]
-        latest = {s["backend"]: s["reason"] for s in skipped}
-        tried = "; ".join(f"{n}: {_short(latest[n])}" for n in names if n in latest)
-        hint = (
-            "Fallback is off (--no-fallback): allow it, or fix the first backend; "
-            if not self.fallback
-            else ""
-        )
-        error = NoBackendError(
-            f"no backend can run build {self.build.path}"
-            + (f" after {_short(failure)}" if failure else "")
-            + f" (tried {', '.join(names) or 'none'}): {tried or 'none left'}; {hint}"
-            "--json or --debug shows each backend's full reason, `veo-edge doctor` what this machine has"
-        )
-        error.details = {"tried": names, "skipped": [{"backend": n, "reason": latest[n]} for n in latest]}
-        raise error
-
-    def _use(self, runner: Runner, index: int) -> None:
-        """Make ``runner`` the active one (under the exclusive side of the gate)."""
-        self._runner, self._active = runner, index
-        self._slots = threading.BoundedSemaphore(_concurrency(runner))
-        self._set_status(self.names[index], "active")
-
     def _run_batch(self, x: np.ndarray) -> np.ndarray:
-        """Run one batch on the active backend; on a backend failure switch to the next and re-run it.
-
-        Several batches may run at once (the batcher's slots), up to the runner's own concurrency."""
+        """Run one batch on the active backend (switching on its failure, see :class:`Fallback`)."""
         self._maybe_recover()
         start = time.perf_counter_ns()
-        while True:
-            with self._exec_lock.shared():
-                runner, index, slots = self._runner, self._active, self._slots
-                if runner is None or index is None:
-                    raise NoBackendError(
-                        "no backend is active (all failed or the runtime is closed); see runtime.state"
-                    )
-                try:
-                    with slots:
-                        out = runner.infer({self.input_name: x})[self.output_name]
-                    us = (time.perf_counter_ns() - start) / 1e3
-                    with self._state_lock:
-                        n = len(x)
-                        self._batch_compute_us[n] = self._batch_compute_us.get(n, 0.0) + us
-                        self._last_inference_ms = int(time.time() * 1000)
-                    return out
-                except (InputError, UsageError):
-                    raise
-                except VeoEdgeError as e:
-                    error: Exception = e
-                except Exception as e:  # a runner bug or a library error it did not wrap
-                    error = BackendError(f"{self.names[index]} failed: {type(e).__name__}: {e}")
-            if not self.fallback or index + 1 >= len(self.names):
-                raise error
-            with self._exec_lock:
-                if self._runner is runner:  # not yet switched away by a concurrent batch
-                    self._switch(index, error)
-
-    def _switch(self, index: int, error: Exception) -> None:
-        failed = self.names[index]
-        reason = f"{type(error).__name__}: {error}"
-        assert self._runner is not None
-        try:
-            self._runner.deactivate()
-        except Exception as e:  # a dead device may fail to release; the switch goes on
-            log.warning("deactivating %s after its failure raised %s", failed, e)
-        self._runner, self._active = None, None
-        self._set_status(failed, "failed", reason)
-        self._activate_from(index + 1, failure=f"{failed} failed ({reason})")
-        to = self.names[self._active]  # type: ignore[index]
+        out = self._backends.run({self.input_name: x}, self.output_name)
+        us = (time.perf_counter_ns() - start) / 1e3
         with self._state_lock:
-            self._switches.append({"from": failed, "to": to, "reason": reason, "at": time.time()})
-            self._fallback_count += 1
-        log.warning("backend %s failed (%s); switched to %s and re-ran the batch", failed, reason, to)
+            n = len(x)
+            self._batch_compute_us[n] = self._batch_compute_us.get(n, 0.0) + us
+            self._last_inference_ms = int(time.time() * 1000)
+        return out
 
     def _maybe_recover(self) -> None:
-        if self.recover_interval_s is None or not self._switches:
+        if self.recover_interval_s is None or not self._backends.switched:
             return
         now = time.monotonic()
         if now - self._last_recover >= self.recover_interval_s:
@@ -489,49 +350,19 @@ class Runtime:
         """Try to return to a candidate ahead of the active one (e.g. the GPU after an OOM), or to any
         candidate when every one had failed; True if moved. ``only_if_none_active``: do nothing while a
         backend is active (decided under the lock, so a switch in progress is waited for)."""
-        with self._exec_lock:
+        with self._backends.gate:
             if self._closed or not self._started:
                 return False
-            if only_if_none_active and self._active is not None:
-                return False
-            upto = len(self.names) if self._active is None else self._active
-            for i in range(upto):
-                if self._status[self.names[i]].status == "disabled":
-                    continue
-                runner = self._try(i)
-                if runner is None:
-                    continue
-                old = "none" if self._active is None else self.names[self._active]
-                if self._runner is not None:
-                    self._runner.deactivate()
-                if self._active is not None:
-                    self._set_status(old, "standby")
-                self._use(runner, i)
-                with self._state_lock:
-                    self._switches.append(
-                        {"from": old, "to": self.names[i], "reason": "recovered", "at": time.time()}
-                    )
-                log.warning("backend %s usable again; switched back from %s", self.names[i], old)
-                return True
-        return False
+            return self._backends.recover(only_if_none_active)
 
     # -- observation ------------------------------------------------------------------------------
     @property
     def active_backend(self) -> str | None:
-        return None if self._active is None else self.names[self._active]
+        return self._backends.active_backend
 
     @property
     def state(self) -> RuntimeState:
-        with self._state_lock:
-            return RuntimeState(
-                active_backend=self.active_backend,
-                candidates=list(self._status.values()),
-                skipped=[dict(s) for s in self._skipped],
-                switches=[dict(s) for s in self._switches],
-                fallback_count=self._fallback_count,
-                ready=self._started and not self._closed and self._runner is not None,
-                closed=self._closed,
-            )
+        return self._backends.state(started=self._started, closed=self._closed)
 
     def injected_faults(self) -> dict[str, int]:
         """Faults injected so far by the fault configuration, ``"entry: error rule"`` -> count."""
@@ -539,7 +370,7 @@ class Runtime:
 
     def describe(self) -> dict[str, Any]:
         """The active runner's own description (versions, device, providers)."""
-        runner = self._runner
+        runner = self._backends.runner
         return runner.describe() if runner is not None else {"backend": None}
 
     def stats(self) -> dict[str, Any]:
@@ -547,11 +378,11 @@ class Runtime:
         b = self._batcher.stats() if self._batcher is not None else BatcherStats()
         with self._state_lock:
             out = self._sync.add(b)
-            switches = self._fallback_count
+            switches = self._backends.fallback_count
             compute = dict(sorted(self._batch_compute_us.items()))
             last = self._last_inference_ms
         pool = None
-        runner = self._runner
+        runner = self._backends.runner
         target = getattr(runner, "inner", runner)
         if target is not None and hasattr(target, "pool_stats"):
             pool = target.pool_stats()
@@ -564,57 +395,3 @@ class Runtime:
             "active_backend": self.active_backend,
             "memory_pool": pool,
         }
-
-
-def _concurrency(runner: Runner | None) -> int:
-    """How many batches ``runner`` runs in parallel (its ``concurrency``; 1 when it does not say)."""
-    target = getattr(runner, "inner", runner)
-    return max(1, int(getattr(target, "concurrency", 1) or 1))
-
-
-class _Gate:
-    """Shared (batches running) / exclusive (activation, switch, close) access to the active runner.
-
-    The exclusive side is re-entrant for its owner and is also the gate's context manager; a thread that
-    holds it may take the shared side too. The standard library has no reader-writer lock."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._owner: int | None = None
-        self._depth = 0
-
-    @contextlib.contextmanager
-    def shared(self):
-        me = threading.get_ident()
-        with self._cond:
-            if self._owner != me:
-                while self._owner is not None:
-                    self._cond.wait()
-                self._readers += 1
-        try:
-            yield
-        finally:
-            if self._owner != me:
-                with self._cond:
-                    self._readers -= 1
-                    self._cond.notify_all()
-
-    def __enter__(self) -> _Gate:
-        me = threading.get_ident()
-        with self._cond:
-            if self._owner != me:
-                while self._owner is not None:
-                    self._cond.wait()
-                self._owner = me
-                while self._readers:
-                    self._cond.wait()
-            self._depth += 1
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with self._cond:
-            self._depth -= 1
-            if not self._depth:
-                self._owner = None
-                self._cond.notify_all()
