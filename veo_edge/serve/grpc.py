@@ -31,11 +31,11 @@ from veo_edge.serve.protocol import (
     ModelSpec,
     ProtocolError,
     RequestedOutput,
+    bytes_tensor,
     check_requested_outputs,
     classify,
     datatype_of,
 )
-from veo_edge.serve.protocol import _bytes_tensor as bytes_tensor  # Triton's BYTES serialization
 
 log = logging.getLogger("veo_edge.serve.grpc")
 

@@ -1,0 +1,75 @@
+"""The server's side of a response: the outputs asked for, as JSON or in Triton's binary tensor data
+layout, and the classification extension's top-k classes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from veo_edge.serve.protocol.spec import InferRequest, ModelSpec, datatype_of
+
+
+def classify(arr: np.ndarray, count: int, labels: list[str] | None) -> np.ndarray:
+    """Triton's classification extension: per sample the top ``count`` classes, highest first, as
+    ``"value:index"`` or ``"value:index:label"`` strings (an object array of bytes, shape [N, k])."""
+    k = min(count, arr.shape[1])
+    order = np.argsort(-arr, axis=1, kind="stable")[:, :k]
+    out = np.empty((arr.shape[0], k), dtype=object)
+    for n in range(arr.shape[0]):
+        for j, idx in enumerate(order[n]):
+            text = f"{float(arr[n, idx]):f}:{int(idx)}"
+            if labels is not None and idx < len(labels):
+                text += f":{labels[idx]}"
+            out[n, j] = text.encode()
+    return out
+
+
+def bytes_tensor(arr: np.ndarray) -> bytes:
+    """BYTES elements serialized as Triton does: each a 4-byte little-endian length, then its bytes."""
+    return b"".join(len(v).to_bytes(4, "little") + v for v in arr.ravel())
+
+
+def encode_infer_response(
+    model: ModelSpec,
+    request: InferRequest,
+    outputs: dict[str, np.ndarray],
+    labels: list[str] | None = None,
+) -> tuple[list[bytes | memoryview], int | None]:
+    """Body chunks of the response and the JSON header length (``None`` when the body is all JSON)."""
+    tensors = []
+    binaries: list[bytes | memoryview] = []
+    for want in request.outputs:
+        arr = outputs[want.name]
+        if want.class_count:
+            top = classify(arr, want.class_count, labels)
+            entry: dict[str, Any] = {"name": want.name, "datatype": "BYTES", "shape": list(top.shape)}
+            if want.binary:
+                data = bytes_tensor(top)
+                entry["parameters"] = {"binary_data_size": len(data)}
+                binaries.append(data)
+            else:
+                entry["data"] = [v.decode() for v in top.ravel()]
+            tensors.append(entry)
+            continue
+        entry = {
+            "name": want.name,
+            "datatype": datatype_of(arr.dtype),
+            "shape": list(arr.shape),
+        }
+        if want.binary:
+            data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+            entry["parameters"] = {"binary_data_size": data.nbytes}
+            binaries.append(memoryview(data).cast("B"))
+        else:
+            entry["data"] = arr.ravel().tolist()
+        tensors.append(entry)
+    resp: dict[str, Any] = {"model_name": model.name, "model_version": model.version, "outputs": tensors}
+    if request.id is not None:
+        resp["id"] = request.id
+    head = json.dumps(resp, separators=(",", ":")).encode()
+    if not binaries:
+        return [head], None
+    return [head, *binaries], len(head)

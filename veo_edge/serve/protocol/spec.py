@@ -1,0 +1,147 @@
+"""What the Open Inference Protocol (KServe v2) says about a model and a request: datatypes, tensor and
+model specs, the parsed request, the error a client is answered with, and the checked reading of a JSON
+body that the server's parser and the client's decoder share.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from veo_edge.errors import InputError
+
+#: Open Inference Protocol datatype -> numpy dtype (BYTES and BF16 have no fixed numpy equivalent here)
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
+_NUMPY_TO_DATATYPE = {dt.newbyteorder("=").name: name for name, dt in DATATYPES.items()}
+#: Triton model-configuration type names
+CONFIG_TYPES = {name: f"TYPE_{name}" for name in DATATYPES}
+
+
+class ProtocolError(InputError):
+    """A request that does not follow the protocol or does not fit the model; answered with ``status``."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def datatype_of(dtype: str | np.dtype) -> str:
+    """Protocol datatype name of a numpy dtype (``float32`` -> ``FP32``)."""
+    name = np.dtype(dtype).name
+    if name not in _NUMPY_TO_DATATYPE:
+        raise ProtocolError(f"numpy dtype {name} has no Open Inference Protocol datatype")
+    return _NUMPY_TO_DATATYPE[name]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output as the protocol describes it; ``-1`` marks the batch axis."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    @classmethod
+    def from_manifest(cls, entry: dict[str, Any]) -> TensorSpec:
+        shape = tuple(-1 if d is None else int(d) for d in entry["shape"])
+        return cls(entry["name"], datatype_of(entry["dtype"]), shape)
+
+    def to_metadata(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.datatype}[{', '.join('N' if d < 0 else str(d) for d in self.shape)}]"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the server says about the one model it serves, and what the parser checks requests against."""
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch: int
+    version: str = "1"
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any], name: str | None = None) -> ModelSpec:
+        return cls(
+            name=name or manifest["model"]["name"],
+            inputs=tuple(TensorSpec.from_manifest(e) for e in manifest["inputs"]),
+            outputs=tuple(TensorSpec.from_manifest(e) for e in manifest["outputs"]),
+            max_batch=int(manifest["max_batch"]),
+        )
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    name: str
+    binary: bool
+    #: the classification extension: answer the top ``class_count`` classes as BYTES, not the tensor
+    class_count: int = 0
+
+
+@dataclass
+class InferRequest:
+    """A parsed, checked request: one array per model input, all with the same batch size."""
+
+    inputs: dict[str, np.ndarray]
+    outputs: list[RequestedOutput]
+    batch: int
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def decode_json(raw: bytes | memoryview, what: str) -> Any:
+    try:
+        return json.loads(bytes(raw).decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ProtocolError(
+            f"{what} is not UTF-8 ({e}); send JSON, with tensors in binary after an "
+            "Inference-Header-Content-Length header"
+        ) from e
+    except RecursionError as e:
+        raise ProtocolError(f"{what} is nested too deeply to parse") from e
+    except ValueError as e:
+        raise ProtocolError(f"{what} is not valid JSON: {e}") from e
+
+
+def expect(obj: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    if not isinstance(obj, kind) or (kind is int and isinstance(obj, bool)):
+        want = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        got = type(obj).__name__
+        raise ProtocolError(
+            f"{what} must be a JSON {_JSON_NAMES.get(want, want)}, got {_JSON_NAMES.get(got, got)}"
+        )
+    return obj
+
+
+_JSON_NAMES = {"dict": "object", "list": "array", "str": "string", "int": "integer", "NoneType": "null"}
+
+
+def load_labels(build: Any) -> list[str] | None:
+    """Class labels of a build, when it has them: manifest ``labels`` (a list), or ``labels.txt``
+    (one label per line, Triton's label file) in the build directory."""
+    labels = build.manifest.get("labels")
+    if isinstance(labels, list) and all(isinstance(x, str) for x in labels):
+        return list(labels)
+    path = build.path / "labels.txt"
+    if path.is_file():
+        return path.read_text(encoding="utf-8").splitlines()  # line i is class i
+    return None
