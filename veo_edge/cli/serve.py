@@ -63,8 +63,9 @@ def serve(
 
     from veo_edge.errors import UsageError
     from veo_edge.runtime.runtime import Runtime
-    from veo_edge.serve.app import ServeOptions, serve_async
+    from veo_edge.serve.app import ServeOptions
     from veo_edge.serve.repository import find_models
+    from veo_edge.serve.server import serve_async
     from veo_edge.serve.transport import Limits
 
     for flag, value, least in (

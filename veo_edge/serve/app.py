@@ -5,17 +5,16 @@
 same methods. Errors a client caused or must see are :class:`~veo_edge.serve.protocol.ProtocolError`
 with an HTTP status (a transport maps it to its own codes).
 
-Readiness = a runtime with an active backend, on which the golden canary matched, and no backend failure
-since it last matched; after a failure, a switch or a lost backend, the service re-checks in the
-background (recovering earlier backends first) until the canary matches again.
-``serve_async`` owns the server's lifetime: canary, listen, signals, drain.
+Readiness (:mod:`veo_edge.serve.readiness`) = a runtime with an active backend, on which the golden canary
+matched, and no backend failure since it last matched; the service re-checks in the background until the
+canary matches again. The extensions' bodies (metadata, model configuration, statistics) are built in
+:mod:`veo_edge.serve.extensions`; :func:`veo_edge.serve.server.serve_async` owns the server's lifetime:
+canary, listen, signals, drain.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import json
 import logging
 import time
@@ -27,17 +26,16 @@ import numpy as np
 
 from veo_edge import __version__
 from veo_edge.errors import InputError, NoBackendError, OverloadedError, VeoEdgeError
-from veo_edge.export.canary import Canary, CanaryResult, compare_canary
+from veo_edge.export.canary import CanaryResult
 from veo_edge.runtime.batching import ClosedError
+from veo_edge.serve import extensions
 from veo_edge.serve.health import canary_to_json, load_canary
-from veo_edge.serve.metrics import HttpCounters, ServeCollector, make_registry, start_metrics_server
-from veo_edge.serve.protocol import CONFIG_TYPES, InferRequest, ModelSpec, ProtocolError, load_labels
+from veo_edge.serve.metrics import HttpCounters, ServeCollector, make_registry
+from veo_edge.serve.protocol import InferRequest, ModelSpec, ProtocolError, load_labels
+from veo_edge.serve.readiness import ReadinessCheck
 from veo_edge.serve.transport import Limits
 
 log = logging.getLogger("veo_edge.serve")
-
-#: the protocol extensions this server implements, exactly (``GET /v2``)
-EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository", "statistics"]
 
 
 @dataclass
@@ -76,32 +74,28 @@ class InferenceService:
             ServeCollector(lambda: self.runtime, self.model, self.counters, self.is_ready)
         )
         self.draining = False
-        # the golden canary is read (and verified) now: a build without a usable one is refused at start
-        self.canary: Canary | None = load_canary(self.build)
-        self.canary_result: CanaryResult | None = None
-        self.canary_backend: str | None = None
-        self.canary_error: str | None = None
-        #: a backend error seen on a request since the canary last matched (readiness drops on it)
-        self.backend_failure: str | None = None
+        self.check = ReadinessCheck(self.build)  # the canary: refused now when the build has no usable one
         self.unloaded = False
         self.infer_answered = 0
         self.started = time.time()
         self._canary_json: bytes | None = None
-        self._wake: asyncio.Event | None = None
         self._monitor: asyncio.Task | None = None
         self._repo_lock: asyncio.Lock | None = None
-        self._last_reason: str | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         """Run the canary (readiness) and start the background re-checker; call on the serving loop."""
         loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
+        self.check.wake = asyncio.Event()
         self._repo_lock = asyncio.Lock()
         await loop.run_in_executor(None, self.run_canary)
         if self.options.warmup:
             await loop.run_in_executor(None, self.warm_up)
-        self._monitor = loop.create_task(self._recheck_loop())
+        self._monitor = loop.create_task(
+            self.check.recheck_loop(
+                lambda: self.runtime, lambda: self.draining, self.options.recheck_interval_s
+            )
+        )
 
     async def close(self) -> None:
         """Stop the re-checker and drain the runtime (every accepted sample is answered)."""
@@ -141,34 +135,10 @@ class InferenceService:
         )
         return w
 
-    # -- readiness ------------------------------------------------------------------------------
+    # -- readiness (see veo_edge.serve.readiness) -----------------------------------------------
     def run_canary(self) -> CanaryResult | None:
         """Run the golden canary through the runtime (blocking); readiness follows its result."""
-        runtime = self.runtime
-        if runtime is None:
-            return None
-        backend = runtime.state.to_dict().get("active_backend")
-        try:
-            self.canary = self.canary or load_canary(self.build)
-            out = runtime.infer(self.canary.input)
-            self.canary_result = compare_canary(out, self.canary)
-            self.canary_error = self.canary_result.reason
-        except VeoEdgeError as e:
-            self.canary_result, self.canary_error = None, str(e)
-        self.canary_backend = backend
-        if self.canary_error:
-            if self.canary_error != self._last_reason:
-                log.error("canary failed on %s: %s", backend, self.canary_error)
-            self._last_reason = self.canary_error
-        else:
-            if self.backend_failure or self._last_reason:
-                log.warning("canary matched on %s again: ready", backend)
-            self.backend_failure = self._last_reason = None
-        return self.canary_result
-
-    def _needs_recheck(self, state: dict[str, Any]) -> bool:
-        backend = state.get("active_backend")
-        return bool(self.backend_failure or not backend or backend != self.canary_backend)
+        return self.check.run_canary(self.runtime)
 
     def readiness(self) -> dict[str, Any]:
         """The readiness report: ``ready`` and, when not, ``reason`` (what a probe and a person need)."""
@@ -183,22 +153,7 @@ class InferenceService:
                 f"model {self.model.name!r} is unloaded; POST /v2/repository/models/{self.model.name}/load"
             )
         else:
-            if state.get("closed"):
-                reasons.append("the runtime is closed")
-            if not backend or not state.get("ready", True):
-                reasons.append(f"no backend is active (skipped: {state.get('skipped')})")
-            if self.backend_failure:
-                reasons.append(f"a request failed on the backend ({self.backend_failure}); re-checking")
-            if self.canary_error:
-                reasons.append(f"canary failed on {self.canary_backend}: {self.canary_error}")
-            elif self.canary_result is None:
-                reasons.append("the canary has not run")
-            elif backend and backend != self.canary_backend:
-                reasons.append(
-                    f"the canary ran on {self.canary_backend}, {backend} is active now: re-running it"
-                )
-            if self._needs_recheck(state) and self._wake is not None:
-                self._wake.set()
+            reasons += self.check.reasons(state)
         body: dict[str, Any] = {
             "ready": not reasons,
             "model": self.model.name,
@@ -208,7 +163,7 @@ class InferenceService:
                 "switches": state.get("switches", []),
                 "skipped": state.get("skipped", []),
             },
-            "canary": self.canary_result.to_dict() if self.canary_result else None,
+            "canary": self.check.result.to_dict() if self.check.result else None,
         }
         if reasons:
             body["reason"] = "; ".join(reasons)
@@ -225,28 +180,6 @@ class InferenceService:
             "fallback": {"count": state.get("fallback_count", 0)},
         }
 
-    def _backend_failed(self, reason: str) -> None:
-        self.backend_failure = reason
-        if self._wake is not None:
-            self._wake.set()
-
-    async def _recheck_loop(self) -> None:
-        """While not ready because of a failure or a switch: recover earlier backends, re-run the canary."""
-        assert self._wake is not None
-        loop = asyncio.get_running_loop()
-        while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.options.recheck_interval_s)
-            self._wake.clear()
-            runtime = self.runtime
-            if runtime is None or self.draining or not self._needs_recheck(runtime.state.to_dict()):
-                continue
-            # a request failed on the active backend: try the earlier ones; none active: try any
-            only_if_none = self.backend_failure is None
-            await loop.run_in_executor(None, functools.partial(runtime.try_recover, only_if_none))
-            await loop.run_in_executor(None, self.run_canary)
-            await asyncio.sleep(self.options.recheck_interval_s)  # at most one re-check per interval
-
     # -- metadata -------------------------------------------------------------------------------
     def model_spec(self, name: str, version: str | None = None) -> ModelSpec:
         """The served model called ``name`` (and ``version``); a 404 ProtocolError otherwise."""
@@ -259,18 +192,10 @@ class InferenceService:
         return self.model
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": "veo-edge", "version": __version__, "extensions": EXTENSIONS}
+        return {"name": "veo-edge", "version": __version__, "extensions": extensions.EXTENSIONS}
 
     def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
-        m = self.model_spec(name, version)
-        return {
-            "name": m.name,
-            "versions": [m.version],
-            "platform": "veo-edge",
-            "inputs": [t.to_metadata() for t in m.inputs],
-            "outputs": [t.to_metadata() for t in m.outputs],
-            "parameters": {"precision": self._precision()},
-        }
+        return extensions.model_metadata(self.model_spec(name, version), self._precision())
 
     def _precision(self) -> str:
         """The precision the active backend computes at (the build's choice on the CPU), or "none"."""
@@ -286,36 +211,8 @@ class InferenceService:
         m = self.model_spec(name, version)
         runtime = self.runtime
         backend = (runtime.state.to_dict().get("active_backend") if runtime is not None else None) or "none"
-
-        def tensor(t):  # dims without the batch axis, as Triton writes them when max_batch_size > 0
-            entry = {
-                "name": t.name,
-                "data_type": CONFIG_TYPES[t.datatype],
-                "format": "FORMAT_NONE",
-                "dims": list(t.shape[1:]),
-            }
-            if t in m.outputs and self.labels:
-                entry["label_filename"] = "labels.txt"
-            return entry
-
         delay_ms = float(getattr(runtime, "max_queue_delay_ms", 2.0)) if runtime is not None else 2.0
-        return {
-            "name": m.name,
-            "platform": "",
-            "backend": f"veo-edge-{backend}",
-            "version_policy": {"latest": {"num_versions": 1}},
-            "max_batch_size": m.max_batch,
-            "input": [tensor(t) for t in m.inputs],
-            "output": [tensor(t) for t in m.outputs],
-            "dynamic_batching": {
-                "preferred_batch_size": [m.max_batch],
-                "max_queue_delay_microseconds": int(delay_ms * 1000),
-            },
-            "parameters": {"precision": {"string_value": self._precision()}},
-            "instance_group": [
-                {"name": m.name, "kind": "KIND_GPU" if backend == "tensorrt" else "KIND_CPU", "count": 1}
-            ],
-        }
+        return extensions.model_config(m, self.labels, backend, delay_ms, self._precision())
 
     def model_labels(self, name: str) -> list[str] | None:
         """The class labels of model ``name`` (the classification extension), when the build has them."""
@@ -327,7 +224,7 @@ class InferenceService:
         self.model_spec(name, version)
         if self._canary_json is None:
             try:
-                canary = self.canary or load_canary(self.build)
+                canary = self.check.canary or load_canary(self.build)
             except VeoEdgeError as e:
                 raise ProtocolError(str(e), 404) from e
             self._canary_json = json.dumps(canary_to_json(canary), separators=(",", ":")).encode()
@@ -335,54 +232,13 @@ class InferenceService:
 
     # -- statistics -----------------------------------------------------------------------------
     def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
-        """Triton's statistics extension (durations in ns), for one model or (``name=None``) all.
-
-        Triton's convention: every request carries the whole time of the batch it ran in, so
-        ``compute_infer.ns / compute_infer.count`` is the mean batch time a request saw, and
-        ``batch_stats`` has, per executed batch size, the batches' count and total compute time."""
+        """Triton's statistics extension, for one model or (``name=None``) all (see
+        :func:`veo_edge.serve.extensions.statistics`)."""
         if name is not None:
             self.model_spec(name, version)
         if self.runtime is None:
             return {"model_stats": []}
-        s = self.runtime.stats()
-        sizes = {int(k): int(v) for k, v in (s.get("batch_size_counts") or {}).items()}
-        compute = {int(k): float(v) for k, v in (s.get("batch_compute_us") or {}).items()}
-
-        def cn(count: int, us: float) -> dict[str, int]:
-            return {"count": int(count), "ns": int(us * 1000)}
-
-        ok, fail = s["requests_success"], s["requests_failure"]
-        per_request_compute = sum(size * us for size, us in compute.items())
-        return {
-            "model_stats": [
-                {
-                    "name": self.model.name,
-                    "version": self.model.version,
-                    "last_inference": int(s.get("last_inference_ms", 0)),
-                    "inference_count": sum(k * v for k, v in sizes.items()),
-                    "execution_count": s["batches"],
-                    "inference_stats": {
-                        "success": cn(ok, s["request_us_total"]),
-                        "fail": cn(fail, 0),
-                        "queue": cn(ok, s["queue_us_total"]),
-                        "compute_input": cn(ok, 0),
-                        "compute_infer": cn(ok, per_request_compute),
-                        "compute_output": cn(ok, 0),
-                        "cache_hit": cn(0, 0),
-                        "cache_miss": cn(0, 0),
-                    },
-                    "batch_stats": [
-                        {
-                            "batch_size": k,
-                            "compute_input": cn(v, 0),
-                            "compute_infer": cn(v, compute.get(k, 0.0)),
-                            "compute_output": cn(v, 0),
-                        }
-                        for k, v in sorted(sizes.items())
-                    ],
-                }
-            ]
-        }
+        return extensions.statistics(self.model, self.runtime.stats())
 
     # -- model repository -----------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
@@ -416,8 +272,7 @@ class InferenceService:
                 runtime = await loop.run_in_executor(None, self.make_runtime)
             except VeoEdgeError as e:
                 raise ProtocolError(f"failed to load {name!r}: {e}", 400) from e
-            self.canary_result = self.canary_backend = self.canary_error = None
-            self.backend_failure = None
+            self.check.reset()
             self.runtime = runtime
             self.unloaded = False
             await loop.run_in_executor(None, self.run_canary)
@@ -490,76 +345,11 @@ class InferenceService:
         except InputError as e:
             raise ProtocolError(str(e), 400) from e
         except (ClosedError, NoBackendError) as e:
-            self._backend_failed(str(e))
+            self.check.backend_failed(str(e))
             raise ProtocolError(f"the model cannot take requests now: {e}", 503) from e
         except VeoEdgeError as e:
-            self._backend_failed(f"{type(e).__name__}: {e}")
+            self.check.backend_failed(f"{type(e).__name__}: {e}")
             raise ProtocolError(f"inference failed: {e}", 500) from e
         out = np.stack(results) if len(results) > 1 else results[0][None]
         self.infer_answered += 1
         return {model.outputs[0].name: out}
-
-
-async def serve_async(
-    runtimes: Any,
-    options: ServeOptions,
-    on_listening: Any = None,
-    make_runtime: Callable[[], Any] | dict[str, Callable[[], Any]] | None = None,
-) -> int:
-    """Serve until SIGTERM/SIGINT, then drain; returns the exit status (0 after a clean drain).
-
-    ``runtimes``: one started runtime, or model name -> started runtime for several models (each its
-    own service: runtime, batcher, readiness); ``make_runtime`` likewise (for repository loads)."""
-    from dataclasses import replace
-
-    from veo_edge.serve.http import HttpApp
-    from veo_edge.serve.repository import ModelSet
-    from veo_edge.serve.transport import HttpServer
-
-    if not isinstance(runtimes, dict):
-        runtimes, make_runtime = {options.model_name: runtimes}, {options.model_name: make_runtime}
-    makers = make_runtime if isinstance(make_runtime, dict) else {}
-    services = {
-        name: InferenceService(rt, replace(options, model_name=name), makers.get(name))
-        for name, rt in runtimes.items()
-    }
-    service: Any = next(iter(services.values())) if len(services) == 1 else ModelSet(services)
-    await service.start()
-    app = HttpApp(service, options.limits)
-    app.prestart_decoder()
-    server = HttpServer(app, options.limits, app.count_rejection)
-    grpc_server = None
-    if options.grpc_port is not None:
-        from veo_edge.serve.grpc import GrpcServer
-
-        grpc_server = GrpcServer(service, options.limits.max_body_bytes)
-        grpc_port = await grpc_server.start(options.host, options.grpc_port)
-        log.warning("veo-edge gRPC on %s:%d", options.host, grpc_port)
-    if options.metrics_port is not None:
-        metrics_port = start_metrics_server(service.registry, options.host, options.metrics_port)
-        log.warning("veo-edge metrics on http://%s:%d/metrics", options.host, metrics_port)
-
-    def listening(port: int) -> None:
-        for name, svc in services.items():
-            ready = svc.readiness()
-            log.warning(
-                "model %r: backend %s, ready: %s", name, ready["active_backend"], ready.get("reason", "yes")
-            )
-        log.warning("veo-edge serving %s on http://%s:%d", ", ".join(map(repr, services)), options.host, port)
-        if on_listening is not None:
-            on_listening(port)
-
-    def drain() -> None:
-        service.draining = True
-        log.warning("draining: %d requests in flight", app.in_flight)
-
-    try:
-        await server.serve(options.host, options.port, options.drain_timeout_s, listening, drain)
-    finally:
-        app.close()
-        if grpc_server is not None:
-            await grpc_server.stop(options.drain_timeout_s)
-    drained = app.in_flight == 0
-    await service.close()
-    log.warning("stopped: answered %d infer requests; drained cleanly: %s", service.infer_answered, drained)
-    return 0 if drained else 1

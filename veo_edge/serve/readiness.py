@@ -1,0 +1,117 @@
+"""One model's readiness: the golden canary run through its runtime, a backend failure seen on a request
+since, and the background re-check that brings readiness back.
+
+Ready = a runtime with an active backend, on which the golden canary matched, and no backend failure
+since it last matched; after a failure, a switch or a lost backend, :meth:`ReadinessCheck.recheck_loop`
+re-checks (recovering earlier backends first) until the canary matches again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from veo_edge.errors import VeoEdgeError
+from veo_edge.export.canary import Canary, CanaryResult, compare_canary
+from veo_edge.serve.health import load_canary
+
+log = logging.getLogger("veo_edge.serve")
+
+
+class ReadinessCheck:
+    """The canary's last result (on which backend), and a backend failure seen since it matched."""
+
+    def __init__(self, build: Any) -> None:
+        self.build = build
+        # the golden canary is read (and verified) now: a build without a usable one is refused at start
+        self.canary: Canary | None = load_canary(build)
+        self.result: CanaryResult | None = None
+        self.backend: str | None = None  # the backend the canary last ran on
+        self.error: str | None = None
+        #: a backend error seen on a request since the canary last matched (readiness drops on it)
+        self.backend_failure: str | None = None
+        self.wake: asyncio.Event | None = None  # set: the re-checker looks now
+        self._last_reason: str | None = None
+
+    def reset(self) -> None:
+        """Forget the canary's result and any failure (a fresh runtime was loaded)."""
+        self.result = self.backend = self.error = None
+        self.backend_failure = None
+
+    def run_canary(self, runtime: Any) -> CanaryResult | None:
+        """Run the golden canary through ``runtime`` (blocking); readiness follows its result."""
+        if runtime is None:
+            return None
+        backend = runtime.state.to_dict().get("active_backend")
+        try:
+            self.canary = self.canary or load_canary(self.build)
+            out = runtime.infer(self.canary.input)
+            self.result = compare_canary(out, self.canary)
+            self.error = self.result.reason
+        except VeoEdgeError as e:
+            self.result, self.error = None, str(e)
+        self.backend = backend
+        if self.error:
+            if self.error != self._last_reason:
+                log.error("canary failed on %s: %s", backend, self.error)
+            self._last_reason = self.error
+        else:
+            if self.backend_failure or self._last_reason:
+                log.warning("canary matched on %s again: ready", backend)
+            self.backend_failure = self._last_reason = None
+        return self.result
+
+    def needs_recheck(self, state: dict[str, Any]) -> bool:
+        backend = state.get("active_backend")
+        return bool(self.backend_failure or not backend or backend != self.backend)
+
+    def reasons(self, state: dict[str, Any]) -> list[str]:
+        """Why a loaded runtime in ``state`` (its ``state.to_dict()``) is not ready; empty when it is.
+        Wakes the re-checker when there is something to re-check."""
+        backend = state.get("active_backend")
+        reasons = []
+        if state.get("closed"):
+            reasons.append("the runtime is closed")
+        if not backend or not state.get("ready", True):
+            reasons.append(f"no backend is active (skipped: {state.get('skipped')})")
+        if self.backend_failure:
+            reasons.append(f"a request failed on the backend ({self.backend_failure}); re-checking")
+        if self.error:
+            reasons.append(f"canary failed on {self.backend}: {self.error}")
+        elif self.result is None:
+            reasons.append("the canary has not run")
+        elif backend and backend != self.backend:
+            reasons.append(f"the canary ran on {self.backend}, {backend} is active now: re-running it")
+        if self.needs_recheck(state) and self.wake is not None:
+            self.wake.set()
+        return reasons
+
+    def backend_failed(self, reason: str) -> None:
+        self.backend_failure = reason
+        if self.wake is not None:
+            self.wake.set()
+
+    async def recheck_loop(
+        self, runtime: Callable[[], Any], paused: Callable[[], bool], interval_s: float
+    ) -> None:
+        """While not ready because of a failure or a switch: recover earlier backends, re-run the canary.
+        ``runtime()``: the current runtime (None while unloaded); ``paused()``: true while draining."""
+        if self.wake is None:
+            self.wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), interval_s)
+            self.wake.clear()
+            rt = runtime()
+            if rt is None or paused() or not self.needs_recheck(rt.state.to_dict()):
+                continue
+            # a request failed on the active backend: try the earlier ones; none active: try any
+            only_if_none = self.backend_failure is None
+            await loop.run_in_executor(None, functools.partial(rt.try_recover, only_if_none))
+            await loop.run_in_executor(None, self.run_canary, rt)
+            await asyncio.sleep(interval_s)  # at most one re-check per interval
