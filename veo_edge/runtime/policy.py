@@ -135,9 +135,9 @@ def probe_candidate(
         dev, free = _gpu(gpu)
         if not dev.ok:
             return dev
-        from veo_edge.runtime.backends import tensorrt as trt_backend
+        from veo_edge.runtime.backends.tensorrt_probe import probe
 
-        return trt_backend.probe(build, free, gpu_memory_budget, check_gpu_memory, gpu=gpu)
+        return probe(build, free, gpu_memory_budget, check_gpu_memory, gpu=gpu)
     raise UsageError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
 
 

@@ -5,9 +5,11 @@ Activation, in order: pick the GPU (``gpu=N``, default 0), decide which engine s
 see :mod:`veo_edge.engine.selection`), take that engine from the cache or build it
 (:mod:`veo_edge.runtime.backends.tensorrt_engine`), reserve one veo-edge memory pool region of
 ``pool_factor`` (4) x the max-batch activation + I/O need plus the engine's weights, give TensorRT's
-runtime an ``IGpuAsyncAllocator`` over that pool (:class:`PoolAllocatorCalls`), deserialise the engine
-(its weights land in the pool), and create a ``USER_MANAGED`` execution context whose activation memory
-and I/O buffers are slices of the same pool. Host staging buffers are pinned (``cudaMallocHost``).
+runtime an ``IGpuAsyncAllocator`` over that pool (:mod:`~veo_edge.runtime.backends.tensorrt_allocator`),
+deserialise the engine (its weights land in the pool), and create a ``USER_MANAGED`` execution context
+whose activation memory and I/O buffers are slices of the same pool. Host staging buffers are pinned
+(``cudaMallocHost``; :mod:`~veo_edge.runtime.backends.tensorrt_cuda`). Whether the backend can run here
+at all is :func:`~veo_edge.runtime.backends.tensorrt_probe.probe`, re-exported here.
 
 What stays outside the pool: the builder's allocations (``veo-edge engine build`` is a one-off whose tactic
 scratch is freed when it ends, and sized by the workspace limit rather than by serving), the CUDA
@@ -16,7 +18,6 @@ context itself, cuBLAS/cuDNN handles TensorRT's tactics create, and the pinned h
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 import math
@@ -28,14 +29,8 @@ from typing import Any
 import numpy as np
 
 from veo_edge.builddir import BuildDir
-from veo_edge.engine.cache import CacheEntry, ChoiceRecord, cache_dir
-from veo_edge.engine.config import (
-    EngineConfig,
-    engine_gpu_bytes,
-    estimate_unbuilt_gpu_bytes,
-    io_bytes,
-    pool_capacity,
-)
+from veo_edge.engine.cache import ChoiceRecord, cache_dir
+from veo_edge.engine.config import EngineConfig, io_bytes, pool_capacity
 from veo_edge.engine.selection import (
     TIMED_RUNS,
     WARMUP_RUNS,
@@ -45,187 +40,36 @@ from veo_edge.engine.selection import (
     median_ms,
     variants_to_build,
 )
-from veo_edge.errors import (
-    BackendError,
-    BackendUnavailableError,
-    CudaOutOfMemoryError,
-    DeviceLostError,
-    ModelLoadError,
-)
-from veo_edge.runtime.backends.base import Runner, TensorMeta, Verdict
+from veo_edge.errors import BackendError, CudaOutOfMemoryError, ModelLoadError
+from veo_edge.runtime.backends.base import Runner, TensorMeta
+from veo_edge.runtime.backends.tensorrt_allocator import PoolAllocatorCalls, make_gpu_allocator
+from veo_edge.runtime.backends.tensorrt_cuda import _cuda_check, _cudart, _pinned
 from veo_edge.runtime.backends.tensorrt_engine import (
     EngineBlob,
     _trt,
-    build_io_bytes,
     default_config,
     engine_key,
     ensure_engine,
     gpu_identity,
-    import_error_message,
     model_source,
     plugin_engine_possible,
     required_plugin_library,
     set_device_memory,
 )
+from veo_edge.runtime.backends.tensorrt_probe import probe
 
 __all__ = [
     "PoolAllocatorCalls",
     "TensorRtRunner",
     "choose_variant",
     "default_config",
+    "make_gpu_allocator",
     "model_source",
     "probe",
     "select_engine",
 ]
 
 log = logging.getLogger("veo_edge.runtime.tensorrt")
-
-#: cudaError_t values the runtime treats specially
-_CUDA_OOM = 2  # cudaErrorMemoryAllocation
-#: devices unavailable, ECC uncorrectable, illegal address, launch timeout, the sticky kernel faults that leave
-#: the context unusable (assert, hardware stack, illegal instruction, misaligned address, invalid address
-#: space, invalid PC, launch failure), unknown
-_CUDA_DEVICE_LOST = {46, 214, 700, 702, 710, 714, 715, 716, 717, 718, 719, 999}
-#: the pool's slices are 256-byte aligned (plugins/mempool)
-_POOL_ALIGNMENT = 256
-
-
-def probe(
-    build: BuildDir,
-    free: int,
-    budget: int | None,
-    check: Callable[[str, int, int, int | None], Any],
-    precision: str | None = None,
-    gpu: int = 0,
-) -> Verdict:
-    """Usable here? Library importable, plugin library loadable, memory within budget and free."""
-    from veo_edge.runtime.probes import probe_tensorrt
-
-    p = probe_tensorrt()
-    if not p.ok:
-        return Verdict(False, import_error_message(ImportError(p.reason)))
-    lib = None
-    config = default_config(build, precision)
-    variant = "plugins" if plugin_engine_possible(build, config.engine) else "plain"
-    try:
-        _cudart()
-        lib = required_plugin_library(build, variant)
-        if lib is not None:
-            ctypes.CDLL(str(lib.path))
-    except BackendUnavailableError as e:
-        return Verdict(False, str(e))
-    except OSError as e:
-        return Verdict(
-            False, f"the plugin library {lib.path} does not load ({e}); rebuild it with `make plugins`"
-        )
-    need = None
-    try:
-        key = engine_key(build, config, p.data["version"], gpu_identity(gpu), lib, variant)
-        entry = CacheEntry.for_key(cache_dir(build.path), build.model_name, key)
-        if entry.check(key) is None:
-            meta = entry.read_meta()
-            act = meta.get("device_memory_size", meta["bytes"])
-            need = engine_gpu_bytes(meta["bytes"], act, build_io_bytes(build), config.pool_factor)
-    except (BackendUnavailableError, OSError, ValueError, KeyError):
-        need = None
-    if need is None:
-        src, _ = model_source(build, variant)
-        need = estimate_unbuilt_gpu_bytes(src.stat().st_size, build_io_bytes(build), config.precision)
-    return check("tensorrt", need, free, budget)
-
-
-def _cudart() -> Any:
-    try:
-        from cuda.bindings import runtime as cudart
-    except ImportError:
-        try:
-            from cuda import cudart  # cuda-python < 12.6
-        except ImportError as e:
-            raise BackendUnavailableError(
-                f"cuda-python is not importable ({e}); pip install cuda-python (the TensorRT backend "
-                "copies inputs and outputs with it)"
-            ) from e
-    return cudart
-
-
-def _cuda_check(result: Any, what: str) -> Any:
-    """cuda-python returns ``(cudaError_t, *values)``; raise on an error, return the value(s)."""
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    # cudaError_t is an IntEnum in cuda-python 12; ``.value`` is how TensorRT 11.1's samples read it
-    code = int(getattr(err, "value", err))
-    if code == _CUDA_OOM:
-        raise CudaOutOfMemoryError(f"CUDA out of memory during {what}; lower the load or --max-batch")
-    if code in _CUDA_DEVICE_LOST:
-        raise DeviceLostError(f"the GPU failed during {what} (cudaError {code}); the device may be lost")
-    if code != 0:
-        raise BackendError(f"CUDA error {code} during {what}")
-    return rest[0] if len(rest) == 1 else rest
-
-
-# -- TensorRT's allocator over the pool -----------------------------------------------------------
-class PoolAllocatorCalls:
-    """``IGpuAsyncAllocator``'s contract (NvInferRuntime.h, 10.3 and 11.x) over a veo-edge :class:`MemPool`,
-    TensorRT-free so that it is tested on the CPU: a size-0 request gets 0 (nullptr); an alignment above
-    256 or not a power of two gets 0; a null stream (0) is the legacy default stream and is fenced like any
-    other; freeing 0 succeeds; nothing raises (TensorRT calls these from its own threads, noexcept)."""
-
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
-        self.failures: list[str] = []  # the last few reasons a call returned 0 / False, for diagnostics
-
-    def _failed(self, what: str) -> None:
-        log.error("TensorRT allocator: %s", what)
-        self.failures = [*self.failures[-9:], what]
-
-    def allocate(self, size: int, alignment: int, stream: int) -> int:
-        if size == 0:
-            return 0
-        if alignment > _POOL_ALIGNMENT or alignment & (alignment - 1):
-            self._failed(f"alignment {alignment} requested; the pool serves 0 or powers of two up to 256")
-            return 0
-        try:
-            return self.pool.alloc_async(int(size), int(stream or 0))
-        except Exception as e:  # must not raise into TensorRT: nullptr says it
-            self._failed(f"allocating {size} bytes failed: {e}")
-            return 0
-
-    def deallocate(self, memory: int, stream: int) -> bool:
-        if not memory:
-            return True
-        try:
-            self.pool.free_async(int(memory), int(stream or 0))
-            return True
-        except Exception as e:  # must not raise into TensorRT: False says it
-            self._failed(f"freeing {memory:#x} failed: {e}")
-            return False
-
-
-def make_gpu_allocator(trt: Any, calls: PoolAllocatorCalls) -> Any:
-    """A ``trt.IGpuAsyncAllocator`` forwarding to ``calls``. The binding (python/src/infer/pyCore.cpp,
-    v10.3.0 and v11.1) calls ``allocate_async(size, alignment, stream, flags)`` with the stream third,
-    whatever its docstring says; flags (reserved, 0) are ignored, and every method is overridden as the
-    binding requires."""
-
-    class PoolGpuAllocator(trt.IGpuAsyncAllocator):
-        def __init__(self) -> None:
-            trt.IGpuAsyncAllocator.__init__(self)
-
-        def allocate_async(self, size: int, alignment: int, stream: int, flags: int) -> int:
-            return calls.allocate(size, alignment, stream)
-
-        def deallocate_async(self, memory: int, stream: int) -> bool:
-            return calls.deallocate(memory, stream)
-
-        def allocate(self, size: int, alignment: int, flags: int) -> int:  # deprecated: the default stream
-            return calls.allocate(size, alignment, 0)
-
-        def deallocate(self, memory: int) -> bool:
-            return calls.deallocate(memory, 0)
-
-        def reallocate(self, address: int, alignment: int, new_size: int) -> int:
-            return 0  # not supported: TensorRT allocates anew
-
-    return PoolGpuAllocator()
 
 
 # -- which engine ---------------------------------------------------------------------------------
@@ -521,11 +365,3 @@ class TensorRtRunner(Runner):
                 "capacity": s["capacity"],
             },
         }  # fmt: skip
-
-
-def _pinned(cudart: Any, count: int, owned: list[int]) -> tuple[int, np.ndarray]:
-    """``count`` float32s of page-locked host memory (cudaMallocHost), as (address, numpy view); the address
-    is appended to ``owned`` so that it is freed with cudaFreeHost on deactivation."""
-    ptr = int(_cuda_check(cudart.cudaMallocHost(count * 4), "pinned host allocation"))
-    owned.append(ptr)
-    return ptr, np.ctypeslib.as_array((ctypes.c_float * count).from_address(ptr))
