@@ -115,10 +115,10 @@ def test_stopped_run_fails_on_duration(tmp_path: Path):
 def test_long_runs_are_reduced_not_truncated(tmp_path: Path, monkeypatch):
     """A 72-hour run has ~50k windows and ~260k samples: the report merges windows (medians of p50,
     maxima above) and fits bin medians; here with the limits lowered to see it on a small run."""
-    from veo_edge.soak import analyse
+    from veo_edge.soak import analyse, fits
 
     monkeypatch.setattr(analyse, "MAX_WINDOWS_KEPT", 4)
-    monkeypatch.setattr(analyse, "MAX_FIT_POINTS", 20)
+    monkeypatch.setattr(fits, "MAX_FIT_POINTS", 20)
     run = tmp_path / "run"
     _write_run(run, slope_per_h=100 * MiB, blocks_at=lambda t: [MiB], p50_us=lambda k: 3000 + 200 * k)
     report = write_report(run, Thresholds(max_jitter_ms=1.0))

@@ -12,67 +12,30 @@ Definitions (the README's "Soak" section states the same):
   segment. It passes when the interval contains 0 or its upper end is below the floor.
 - **Lost**: requests issued but never answered, in segments that ended cleanly (a SIGKILLed segment's
   in-flight requests are counted apart, as ``in_flight_when_killed``).
+
+The percentiles and fits are computed in :mod:`veo_edge.soak.fits`; the checks against the thresholds
+are :func:`veo_edge.soak.verdict.verdict`, re-exported here.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from veo_edge.soak.config import SoakConfig, Thresholds
+from veo_edge.soak.fits import MIN_FIT_SAMPLES, percentiles, theil_sen
 from veo_edge.soak.load import decode_histogram, new_histogram
 from veo_edge.soak.store import RunStore
+from veo_edge.soak.verdict import verdict
+
+__all__ = ["MIN_FIT_SAMPLES", "REPORT_FORMAT", "REPORT_VERSION", "analyse", "verdict"]
 
 REPORT_FORMAT = "veo-edge-soak-report"
 REPORT_VERSION = 1
 MIN_WINDOW_SAMPLES = 10
-MIN_FIT_SAMPLES = 8
-#: Theil–Sen is O(n²): longer series are fitted on this many points (medians of equal-count bins)
-MAX_FIT_POINTS = 1000
 #: per-window detail kept in the report (consecutive windows merged beyond: see ``windows_stride``)
 MAX_WINDOWS_KEPT = 2000
 LEAK_SERIES = ("rss", "uss", "gpu_used", "pool_in_use")
-
-
-def _pcts(h) -> dict[str, float] | None:
-    if h.get_total_count() == 0:
-        return None
-    ms = 1e-3
-    return {
-        "count": h.get_total_count(),
-        "p50": h.get_value_at_percentile(50.0) * ms,
-        "p90": h.get_value_at_percentile(90.0) * ms,
-        "p99": h.get_value_at_percentile(99.0) * ms,
-        "p999": h.get_value_at_percentile(99.9) * ms,
-        "max": h.get_max_value() * ms,
-        "min": h.get_min_value() * ms,
-        "mean": h.get_mean_value() * ms,
-    }
-
-
-def _fit(ts: list[float], ys: list[float]) -> dict[str, Any] | None:
-    """Theil–Sen slope (per hour) with its 95 % interval; on bin medians above ``MAX_FIT_POINTS``."""
-    if len(ts) < MIN_FIT_SAMPLES or max(ts) - min(ts) <= 0:
-        return None
-    import numpy as np
-    from scipy.stats import theilslopes
-
-    t, y = np.asarray(ts, dtype=float), np.asarray(ys, dtype=float)
-    if len(t) > MAX_FIT_POINTS:
-        bins = np.array_split(np.arange(len(t)), MAX_FIT_POINTS)
-        t = np.array([np.median(t[b]) for b in bins])
-        y = np.array([np.median(y[b]) for b in bins])
-    slope, intercept, low, high = theilslopes(y, t / 3600.0, alpha=0.95)
-    return {
-        "bytes_per_hour": float(slope),
-        "low": float(low),
-        "high": float(high),
-        "intercept": float(intercept),
-        "samples": len(ts),
-        "fit_points": len(t),
-        "span_s": max(ts) - min(ts),
-    }
 
 
 def _segments(store: RunStore) -> list[dict[str, Any]]:
@@ -150,7 +113,7 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
             events.append({"t": e["t"], "kind": e["kind"], "detail": e["detail"]})
 
     # -- jitter ---------------------------------------------------------------------------------------
-    steady_p = _pcts(steady)
+    steady_p = percentiles(steady)
     jitter = {
         "definition": "±(max - min)/2 of per-window p50 after warm-up",
         "windows": len(p50s),
@@ -201,13 +164,13 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     for k in LEAK_SERIES:
         fits = {}
         for seg_id, (ts, ys) in series[k].items():
-            f = _fit(ts, ys)
+            f = theil_sen(ts, ys)
             if f is not None:
                 fits[seg_id] = {**f, "segment": seg_id}
         if fits:
             head = max(fits.values(), key=lambda f: f["span_s"])
             leak[k] = {**head, "per_segment": list(fits.values())}
-    batch_fits = [f for f in (_fit(*v) for v in batches.values()) if f is not None]
+    batch_fits = [f for f in (theil_sen(*v) for v in batches.values()) if f is not None]
     in_process = config.url is None
     fallbacks = sum(v[1] - (0 if in_process else v[0]) for v in fallbacks_by_seg.values())
     fragmentation = None
@@ -258,7 +221,7 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
             "error_kinds": error_kinds,
             "first_errors": first_errors,
         },
-        "latency_ms": {"overall": _pcts(overall), "after_warmup": steady_p},
+        "latency_ms": {"overall": percentiles(overall), "after_warmup": steady_p},
         "jitter": jitter,
         "throughput": _throughput(windows),
         "leak": leak,
@@ -325,88 +288,3 @@ def _throughput(windows: list[dict[str, Any]]) -> dict[str, Any]:
         "min_window_rps": min(rps) if rps else None,
         "max_window_rps": max(rps) if rps else None,
     }
-
-
-def verdict(report: dict[str, Any], th: Thresholds) -> dict[str, Any]:
-    """Each check: name, value, threshold, pass; the run passes when every check passes."""
-    checks = []
-
-    def check(name: str, value: Any, threshold: Any, ok: bool, detail: str) -> None:
-        checks.append(
-            {"name": name, "value": value, "threshold": threshold, "pass": bool(ok), "detail": detail}
-        )
-
-    run, req = report["run"], report["requests"]
-    check(
-        "duration",
-        run["recorded_s"],
-        run["planned_s"],
-        run["status"] == "complete" and run["recorded_s"] >= run["planned_s"] - 1e-6,
-        f"ran {run['recorded_s']:.1f} s of {run['planned_s']:.1f} s ({run['status']})",
-    )
-    errors = req["errors"] + req["timeouts"]
-    check(
-        "errors",
-        errors,
-        th.max_errors,
-        errors <= th.max_errors,
-        f"{req['errors']} errors, {req['timeouts']} timeouts",
-    )
-    check(
-        "lost",
-        req["lost"],
-        th.max_lost,
-        req["lost"] <= th.max_lost,
-        "issued but never answered (clean segments)",
-    )
-    j = report["jitter"]["jitter_ms"]
-    check(
-        "jitter",
-        j,
-        th.max_jitter_ms,
-        j is not None and j <= th.max_jitter_ms,
-        "no window after warm-up" if j is None else f"±{j:.3f} ms over {report['jitter']['windows']} windows",
-    )
-    tail = report["jitter"]["tail_ms"]
-    if th.max_tail_ms is not None:
-        check(
-            "tail",
-            tail,
-            th.max_tail_ms,
-            tail is not None and tail <= th.max_tail_ms,
-            "p99 - p50 after warm-up",
-        )
-    for name, fit in report["leak"].items():
-        for f in fit["per_segment"]:
-            contains_zero = f["low"] <= 0 <= f["high"]
-            under = f["high"] <= th.leak_floor_bytes_per_h
-            check(
-                f"leak:{name}" + (f":segment{f['segment']}" if len(fit["per_segment"]) > 1 else ""),
-                f["bytes_per_hour"],
-                th.leak_floor_bytes_per_h,
-                contains_zero or under,
-                f"{f['bytes_per_hour']:.4g} B/h, 95% CI [{f['low']:.4g}, {f['high']:.4g}]"
-                + (" contains 0" if contains_zero else (" under the floor" if under else " above the floor")),
-            )
-    if not report["leak"]:
-        check(
-            "leak",
-            None,
-            th.leak_floor_bytes_per_h,
-            False,
-            f"fewer than {MIN_FIT_SAMPLES} samples after warm-up in every segment; run longer, or lower "
-            "--sample-interval or --warmup",
-        )
-    frag = report["fragmentation"]
-    if frag is not None:
-        check(
-            "fragmentation",
-            frag["final"],
-            th.max_fragmentation,
-            frag["final"] <= th.max_fragmentation,
-            "pool 1 - largest_free/free at the end",
-        )
-    for c in checks:
-        if isinstance(c["value"], float) and not math.isfinite(c["value"]):
-            c["value"] = None
-    return {"pass": all(c["pass"] for c in checks), "checks": checks}

@@ -1,0 +1,95 @@
+"""The soak's verdict: each check of a report (``analyse``'s result) against the thresholds, and the run
+passes when every check passes."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from veo_edge.soak.config import Thresholds
+from veo_edge.soak.fits import MIN_FIT_SAMPLES
+
+
+def verdict(report: dict[str, Any], th: Thresholds) -> dict[str, Any]:
+    """Each check: name, value, threshold, pass; the run passes when every check passes."""
+    checks = []
+
+    def check(name: str, value: Any, threshold: Any, ok: bool, detail: str) -> None:
+        checks.append(
+            {"name": name, "value": value, "threshold": threshold, "pass": bool(ok), "detail": detail}
+        )
+
+    run, req = report["run"], report["requests"]
+    check(
+        "duration",
+        run["recorded_s"],
+        run["planned_s"],
+        run["status"] == "complete" and run["recorded_s"] >= run["planned_s"] - 1e-6,
+        f"ran {run['recorded_s']:.1f} s of {run['planned_s']:.1f} s ({run['status']})",
+    )
+    errors = req["errors"] + req["timeouts"]
+    check(
+        "errors",
+        errors,
+        th.max_errors,
+        errors <= th.max_errors,
+        f"{req['errors']} errors, {req['timeouts']} timeouts",
+    )
+    check(
+        "lost",
+        req["lost"],
+        th.max_lost,
+        req["lost"] <= th.max_lost,
+        "issued but never answered (clean segments)",
+    )
+    j = report["jitter"]["jitter_ms"]
+    check(
+        "jitter",
+        j,
+        th.max_jitter_ms,
+        j is not None and j <= th.max_jitter_ms,
+        "no window after warm-up" if j is None else f"±{j:.3f} ms over {report['jitter']['windows']} windows",
+    )
+    tail = report["jitter"]["tail_ms"]
+    if th.max_tail_ms is not None:
+        check(
+            "tail",
+            tail,
+            th.max_tail_ms,
+            tail is not None and tail <= th.max_tail_ms,
+            "p99 - p50 after warm-up",
+        )
+    for name, fit in report["leak"].items():
+        for f in fit["per_segment"]:
+            contains_zero = f["low"] <= 0 <= f["high"]
+            under = f["high"] <= th.leak_floor_bytes_per_h
+            check(
+                f"leak:{name}" + (f":segment{f['segment']}" if len(fit["per_segment"]) > 1 else ""),
+                f["bytes_per_hour"],
+                th.leak_floor_bytes_per_h,
+                contains_zero or under,
+                f"{f['bytes_per_hour']:.4g} B/h, 95% CI [{f['low']:.4g}, {f['high']:.4g}]"
+                + (" contains 0" if contains_zero else (" under the floor" if under else " above the floor")),
+            )
+    if not report["leak"]:
+        check(
+            "leak",
+            None,
+            th.leak_floor_bytes_per_h,
+            False,
+            f"fewer than {MIN_FIT_SAMPLES} samples after warm-up in every segment; run longer, or lower "
+            "--sample-interval or --warmup",
+        )
+    frag = report["fragmentation"]
+    if frag is not None:
+        check(
+            "fragmentation",
+            frag["final"],
+            th.max_fragmentation,
+            frag["final"] <= th.max_fragmentation,
+            "pool 1 - largest_free/free at the end",
+        )
+    for c in checks:
+        if isinstance(c["value"], float) and not math.isfinite(c["value"]):
+            c["value"] = None
+    return {"pass": all(c["pass"] for c in checks), "checks": checks}
