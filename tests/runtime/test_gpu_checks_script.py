@@ -78,3 +78,10 @@ def test_the_storm_catches_a_pool_that_hands_out_live_memory(gpu_modules):
 def test_the_tensorrt_section_imports_without_tensorrt(gpu_modules):
     _, checks_tensorrt = gpu_modules
     assert callable(checks_tensorrt.run)
+
+
+def test_the_kernels_section_imports_without_a_gpu(monkeypatch):
+    monkeypatch.syspath_prepend(str(GPU_DIR))
+    checks_kernels = importlib.import_module("checks_kernels")
+    assert callable(checks_kernels.run) and callable(checks_kernels.run_sanitizer)
+    assert len(list(checks_kernels.attention_cases(quick=True, tiny=True))) == 2
