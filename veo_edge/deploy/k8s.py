@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from veo_edge.deploy.profiles import DEFAULT_CACHE_DIR, DEFAULT_PORT_ENV, gpu_run
-from veo_edge.deploy.swarm import NODE_LABEL
+from veo_edge.deploy.profiles import DEFAULT_CACHE_DIR, DEFAULT_PORT_ENV, NODE_LABEL, gpu_run, memory_bytes
 from veo_edge.errors import UsageError
 
 #: the Kubernetes version the rendered manifests are validated against (tests/deploy)
@@ -46,14 +45,6 @@ class Workload:
     cpus: float | None = None
     env: dict[str, str] = field(default_factory=dict)
     namespace: str | None = None
-
-
-def memory_bytes(text: str) -> int:
-    """``512m``, ``2g``, ``1.5G``, ``1048576`` -> bytes."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
-    if not m:
-        raise UsageError(f"--memory {text!r} is not a size; e.g. 512m or 2g")
-    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
 
 
 def _k8s_name(name: str) -> str:

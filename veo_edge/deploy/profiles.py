@@ -3,13 +3,17 @@
 The device classes themselves (base images, CUDA architectures, GPU runtime options) are pure data in
 :mod:`veo_edge.targets`; this module turns one into Docker run options, and reads what the image says
 about itself (its target, port variable, cache directory) from the labels ``veo-edge build --target``
-puts on it.
+puts on it. Also the two things every orchestrator's rendering shares: the node label that places a
+service on its device class (:data:`NODE_LABEL`), and ``--memory`` sizes in bytes (:func:`memory_bytes`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from veo_edge.errors import UsageError
 
 #: labels veo-edge images carry (see veo_edge/packaging); absent labels fall back to the defaults below
 LABEL_TARGET = "io.veo-edge.target"
@@ -18,6 +22,16 @@ LABEL_CACHE_DIR = "io.veo-edge.cache-dir"
 LABEL_PORT_ENV = "io.veo-edge.port-env"
 DEFAULT_CACHE_DIR = "/cache"  # the VOLUME of veo-edge images (packaging/Dockerfile)
 DEFAULT_PORT_ENV = "VEO_EDGE_PORT"
+#: the node label naming a node's device class (a Swarm placement constraint, a Kubernetes nodeSelector)
+NODE_LABEL = "veo.target"
+
+
+def memory_bytes(text: str) -> int:
+    """``512m``, ``2g``, ``1.5G``, ``1048576`` -> bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
+    if not m:
+        raise UsageError(f"--memory {text!r} is not a size; e.g. 512m or 2g")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
 
 
 @dataclass(frozen=True)

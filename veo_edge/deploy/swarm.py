@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from veo_edge.deploy.device import check_name
-from veo_edge.deploy.profiles import ImageFacts, gpu_run
+from veo_edge.deploy.profiles import NODE_LABEL, ImageFacts, gpu_run, memory_bytes
 from veo_edge.errors import DeployError, DeployPendingError, UnhealthyReleaseError, UsageError
 
-NODE_LABEL = "veo.target"
 #: the scheduler needs a moment to say "no suitable node"; pending longer than this is reported
 PENDING_GRACE_S = 5.0
 
@@ -81,8 +80,6 @@ def _spec(facts: ImageFacts, name: str, opts: ServiceOptions) -> dict[str, Any]:
     gpu = gpu_run(facts.target)
     resources = None
     if opts.memory or opts.cpus or gpu.device_requests:
-        from veo_edge.deploy.k8s import memory_bytes
-
         resources = t.Resources(
             mem_limit=memory_bytes(opts.memory) if opts.memory else None,
             cpu_limit=int(opts.cpus * 1e9) if opts.cpus else None,
