@@ -31,7 +31,7 @@ from typing import Any
 
 from veo_edge import __version__
 from veo_edge.errors import OutputExistsError, UsageError
-from veo_edge.packaging import sbom, selinux, wheelhouse
+from veo_edge.packaging import layout, sbom, selinux, wheelhouse
 from veo_edge.packaging.sources import source_root
 from veo_edge.targets import Target
 
@@ -178,8 +178,10 @@ def assemble_context(opts: ContextOptions, progress: Progress | None = None) -> 
         shutil.copy2(src / "healthcheck" / "healthcheck.sh", app / "healthcheck" / "healthcheck.sh")
         say("context: compiling the SELinux module (checkmodule, semodule_package)")
         selinux.compile_module(app / "selinux")
-        if target.has_gpu:
-            shutil.copytree(src / "plugins", stage / "plugins", ignore=shutil.ignore_patterns("tests", ".*"))
+        if target.has_gpu:  # the sources the builder stage compiles; no host tests, no build folders
+            for rel in layout.plugin_files(src):
+                (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src / rel, stage / rel)
         say(
             "context: wheelhouse (veo-edge + "
             + (", ".join(target.runtime_packages) if opts.download_wheels else "no downloads")

@@ -9,10 +9,11 @@ import subprocess
 from pathlib import Path
 
 from veo_edge.errors import PackagingError
+from veo_edge.packaging.layout import SELINUX_SOURCES
 from veo_edge.packaging.sources import source_root
 
 MODULE = "veo_edge"
-SOURCES = (f"{MODULE}.te", f"{MODULE}.fc", f"{MODULE}.if", "README.md")
+SOURCES = SELINUX_SOURCES
 
 
 def compile_module(dest: Path) -> Path:

@@ -22,6 +22,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from veo_edge.errors import PackagingError
+from veo_edge.packaging import layout
 from veo_edge.packaging.sources import source_root
 from veo_edge.targets import Target
 
@@ -59,11 +60,13 @@ def build_own_wheel(dest: Path) -> Path:
         for name in ("pyproject.toml", "setup.py", "README.md"):
             shutil.copy2(src / name, work / name)
         shutil.copytree(
-            src / "veo_edge", work / "veo_edge", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            src / "veo_edge",
+            work / "veo_edge",
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "_plugin_specs", layout.PACKAGED_DIR),
         )
-        for spec in sorted(src.glob("plugins/*/spec.json")):
-            (work / spec.parent.relative_to(src)).mkdir(parents=True, exist_ok=True)
-            shutil.copy2(spec, work / spec.relative_to(src))
+        for rel in layout.image_source_files(src):  # setup.py copies them into the wheel
+            (work / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / rel, work / rel)
         before = set(dest.glob("veo_edge-*.whl"))
         _run(
             [
