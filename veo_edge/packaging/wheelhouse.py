@@ -3,27 +3,25 @@
 by version and sha256. The image installs from it with ``--no-index --no-deps --require-hashes``, so the
 image build needs nothing from the network beyond its base image and installs exactly this list.
 
-No torch and no build tools: the runtime packages are what ``serve``/``healthcheck``/``engine build``
-import (``veo_edge.targets``); veo-edge itself is installed without its declared dependencies, because
-the exporter's (onnx, onnxruntime, onnx-graphsurgeon, safetensors) are not needed where nothing is
-exported. Versions are pinned to this machine's where it has the package and the target's Python is
+veo-edge's own wheel is the running install's (:mod:`veo_edge.packaging.ownwheel`: built from the
+checkout, or packed again from an installed wheel's files). No torch and no build tools: the runtime
+packages are what ``serve``/``healthcheck``/``engine build`` import (``veo_edge.targets``); veo-edge
+itself is installed without its declared dependencies, because the exporter's (onnx, onnxruntime,
+onnx-graphsurgeon, safetensors) are not needed where nothing is exported. Versions are pinned to this machine's where it has the package and the target's Python is
 this machine's, i.e. the versions the tests ran with.
 """
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from veo_edge.errors import PackagingError
-from veo_edge.packaging import layout
-from veo_edge.packaging.sources import source_root
+from veo_edge.packaging.ownwheel import build_own_wheel
 from veo_edge.targets import Target
 
 LOCK_NAME = "requirements.lock"
@@ -49,44 +47,6 @@ def _run(cmd: list[str], what: str) -> None:
     if proc.returncode != 0:
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
         raise PackagingError(f"{what} failed (exit {proc.returncode}): {tail}")
-
-
-def build_own_wheel(dest: Path) -> Path:
-    """veo-edge's wheel, built from a copy of the source tree (the checkout stays untouched)."""
-    src = source_root()
-    with tempfile.TemporaryDirectory(prefix="veo-wheel-") as tmp:
-        work = Path(tmp) / "src"
-        work.mkdir()
-        for name in ("pyproject.toml", "setup.py", "README.md"):
-            shutil.copy2(src / name, work / name)
-        shutil.copytree(
-            src / "veo_edge",
-            work / "veo_edge",
-            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "_plugin_specs", layout.PACKAGED_DIR),
-        )
-        for rel in layout.image_source_files(src):  # setup.py copies them into the wheel
-            (work / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src / rel, work / rel)
-        before = set(dest.glob("veo_edge-*.whl"))
-        _run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "wheel",
-                "--quiet",
-                "--no-deps",
-                "--no-build-isolation",
-                "--wheel-dir",
-                str(dest),
-                str(work),
-            ],
-            "building the veo-edge wheel (pip wheel)",
-        )
-    made = sorted(set(dest.glob("veo_edge-*.whl")) - before) or sorted(dest.glob("veo_edge-*.whl"))
-    if not made:
-        raise PackagingError(f"pip wheel made no veo-edge wheel in {dest}")
-    return made[-1]
 
 
 def download_runtime(target: Target, dest: Path, requirements: list[str]) -> None:
