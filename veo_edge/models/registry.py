@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from veo_edge.errors import UsageError
+from veo_edge.models.checkpoint import load_checkpoint
 from veo_edge.models.config import ViTConfig
 
 if TYPE_CHECKING:
@@ -83,8 +84,6 @@ def create_model(name: str, seed: int = 0, pretrained: bool = True) -> BuiltMode
     init_weights(module, seed)
     weights = pretrained_weights(name) if pretrained else None
     if weights is not None:
-        from veo_edge.export.source import load_checkpoint
-
         load_checkpoint(module, weights)
     return BuiltModel(name=name, config=cfg, module=module.eval())
 
