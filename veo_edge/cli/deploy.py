@@ -10,10 +10,14 @@ veo-edge deploy rollback NAME --to ... [--swarm]
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from veo_edge.cli._common import console, print_json
+
+if TYPE_CHECKING:
+    from veo_edge.deploy.k8s import Workload
 
 ACTIONS = ("status", "rollback")
 
@@ -82,21 +86,22 @@ def deploy(
     if replicas is not None and global_mode:
         raise UsageError("--replicas and --global exclude each other")
     if k8s is not None:
-        _k8s(
-            args,
-            k8s,
-            name,
-            target,
-            port,
-            replicas,
-            global_mode,
-            selinux_type,
-            memory,
-            cpus,
-            env,
-            cache_host_path,
-            json_out,
+        from veo_edge.deploy import Workload
+
+        # what every image's workload shares; name and target "" = each image's own (see _k8s)
+        shared = Workload(
+            name=name or "",
+            image="",
+            target=target or "",
+            replicas=None if global_mode else (replicas or 1),
+            port=port,
+            cache_host_path=cache_host_path,
+            selinux_type=selinux_type,
+            memory=memory,
+            cpus=cpus,
+            env=_env(env),
         )
+        _k8s(args, k8s, shared, json_out)
         return
     if len(args) != 1:
         raise UsageError(f"one image at a time onto an engine (got {len(args)}); several only with --k8s")
@@ -232,25 +237,17 @@ def _action(action, name, to, tls_ca, tls_cert, tls_key, swarm, timeout, json_ou
         typer.echo(f"rolled back: {name} on {to}")
 
 
-def _k8s(
-    images,
-    out_dir,
-    name,
-    target,
-    port,
-    replicas,
-    global_mode,
-    selinux_type,
-    memory,
-    cpus,
-    env,
-    cache_host_path,
-    json_out,
-):
-    from veo_edge.deploy import Workload, write_manifests
+def _k8s(images: list[str], out_dir: Path, shared: Workload, json_out: bool) -> None:
+    """One workload per image from ``shared``, with the image's own name, target, port variable and
+    cache directory read from its labels on the local engine (``shared.name``/``shared.target``, when
+    set, win); rendered into ``out_dir``."""
+    import dataclasses
+
+    from veo_edge.deploy import write_manifests
     from veo_edge.deploy.profiles import ImageFacts
     from veo_edge.errors import DeployError, EngineUnreachableError, UsageError
 
+    name, target = shared.name or None, shared.target or None
     if name and len(images) > 1:
         raise UsageError("--name names one workload; leave it out with several images")
     workloads = []
@@ -273,22 +270,8 @@ def _k8s(
         tgt = facts.target if facts else target
         base = name or (_default_name(facts) if facts else image.rsplit("/", 1)[-1].split(":")[0])
         wname = base if name else f"{base}-{tgt}"
-        workloads.append(
-            Workload(
-                name=wname,
-                image=image,
-                target=tgt,
-                replicas=None if global_mode else (replicas or 1),
-                port=port,
-                port_env=facts.port_env if facts else Workload.port_env,
-                cache_dir=facts.cache_dir if facts else Workload.cache_dir,
-                cache_host_path=cache_host_path,
-                selinux_type=selinux_type,
-                memory=memory,
-                cpus=cpus,
-                env=_env(env),
-            )
-        )
+        own = {"port_env": facts.port_env, "cache_dir": facts.cache_dir} if facts else {}
+        workloads.append(dataclasses.replace(shared, name=wname, image=image, target=tgt, **own))
     written = write_manifests(workloads, out_dir)
     if json_out:
         print_json({"out": str(out_dir), "files": [str(p) for p in written]})
