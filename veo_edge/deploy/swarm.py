@@ -6,6 +6,17 @@ the new task binds the port the old one held), wait for the image's HEALTHCHECK,
 rolls the service back when an updated task fails (``failure_action=rollback``). The deploy watches the
 tasks and the update status and reports what the swarm did; tasks that no node can take are reported as
 pending with the scheduler's reason, never as success.
+
+Rollback uses a private hook of the Docker SDK. The Engine API rolls a service back with
+``POST /services/{id}/update?version=N&rollback=previous`` (what ``docker service rollback`` sends), and the
+SDK (docker 7.2.0, the version tested) has no public call for it: ``APIClient.update_service`` always sends
+``params={'version': version}`` only, ``rollback_config`` is the RollbackConfig *policy* (how a rollback
+proceeds), not a request to roll back, and ``Service.update`` goes through ``update_service``. Updating
+the service to its ``PreviousSpec`` with the public ``update_service`` is not the same operation: the
+swarm runs it as an update (UpdateConfig, states ``updating``/``completed``, not RollbackConfig and
+``rollback_*``), and it makes the failed spec the new PreviousSpec. docker-py's PR #2314 (a rollback
+method) was closed unmerged. So :func:`rollback_service` calls ``APIClient._url``, ``_post_json`` and
+``_raise_for_status``, the SDK's own request helpers, as ``update_service`` does.
 """
 
 from __future__ import annotations
@@ -285,7 +296,8 @@ def rollback_service(client: Any, name: str, timeout: float, progress: SwarmProg
         raise DeployError(f"service {name} has no previous spec to roll back to (it was never updated)")
     api = client.api
     try:
-        # the Engine API's own rollback (what `docker service rollback` calls): update with rollback=previous
+        # the Engine API's own rollback (what `docker service rollback` calls): update with rollback=previous;
+        # the SDK has no public call for it (module docstring)
         url = api._url("/services/{0}/update", service.id)
         params = {"version": service.version, "rollback": "previous"}
         api._raise_for_status(api._post_json(url, data=service.attrs["Spec"], params=params))
