@@ -16,6 +16,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,22 @@ SETTINGS = {
 }
 
 
+def import_nncf() -> Any:
+    """``nncf``, imported without its side effect on the process: NNCF's logger module calls
+    ``logging.setLoggerClass(NNCFLogger)`` at import, which would make every logger created afterwards
+    (any library's, in a server that built in-process) an NNCFLogger. The class in force before is put
+    back."""
+    before = logging.getLoggerClass()
+    try:
+        import nncf
+        import nncf.quantization.advanced_parameters  # what Int8Quantize uses: loaded under the guard too
+    except ImportError as e:
+        raise UsageError(f"--cpu-precision int8 needs NNCF ({e}); pip install nncf") from e
+    finally:
+        logging.setLoggerClass(before)
+    return nncf
+
+
 @dataclass(frozen=True)
 class Int8Quantize:
     """``nncf.quantize`` with the transformer model type (keeps softmax/LayerNorm-sensitive ops in float)
@@ -42,10 +59,7 @@ class Int8Quantize:
     quiet: bool = False  # NNCF's own progress bars and log: to stderr, or nowhere when quiet
 
     def __call__(self, fp32_xml: Path, int8_xml: Path) -> tuple[Path, Path]:
-        try:
-            import nncf
-        except ImportError as e:
-            raise UsageError(f"--cpu-precision int8 needs NNCF ({e}); pip install nncf") from e
+        nncf = import_nncf()
         import openvino as ov
         from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, OverflowFix
 
