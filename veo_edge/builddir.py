@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from veo_edge.errors import ArtifactMismatchError, BuildDirError
-from veo_edge.manifest_schema import SCHEMA_VERSION, validate
+from veo_edge.manifest_schema import SCHEMA_MINOR, SCHEMA_VERSION, validate
 
 MANIFEST_NAME = "manifest.json"
 #: artifacts a loader reads together with the one it names (OpenVINO reads the .bin beside the .xml)
@@ -273,7 +273,7 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
     """Write ``manifest.json`` (with the schema version) into ``root``, checked against the schema first:
     a build never writes a manifest it could not open again."""
     path = Path(root) / MANIFEST_NAME
-    full = {"schema_version": SCHEMA_VERSION, **manifest}
+    full = {"schema_version": SCHEMA_VERSION, "schema_minor": SCHEMA_MINOR, **manifest}
     validate(full, path)
     path.write_text(json.dumps(full, indent=2, sort_keys=False) + "\n")
     return path

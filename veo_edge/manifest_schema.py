@@ -17,6 +17,9 @@ from veo_edge.errors import BuildDirError, ManifestError
 
 #: the schema version this veo-edge writes, and the versions it reads
 SCHEMA_VERSION = 1
+#: the minor version within it (``schema_minor``; absent means 0). 1 adds ``labels`` and ``preprocess``,
+#: both optional: a 1.0 manifest is a valid 1.1 one, and a 1.0 reader ignores the new fields
+SCHEMA_MINOR = 1
 READS = (1,)
 
 

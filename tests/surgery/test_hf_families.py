@@ -1,60 +1,72 @@
-"""Hugging Face ``transformers`` ViT families (small random configs, nothing downloaded) exported by
-both exporters and built with ``build --onnx``: what fuses, what is left alone and why.
+"""Hugging Face ``transformers`` ViT families (small random configs written by ``save_pretrained`` with
+their image processors; nothing downloaded) built with ``build --hf``, by both exporters: what fuses, what
+is left alone and why, and what the build records (labels, preprocessing, the served output).
 
-Relative position biases (BEiT, Swin) and Swin's shifted-window masks are given random values, as a
-trained model has: an all-zero table (the library's initialisation) would be folded away as a no-op."""
+Relative position biases (BEiT, Data2Vec-vision, Swin) and Swin's shifted-window masks are given random
+values, as a trained model has: an all-zero table (the library's initialisation) would be folded away as a
+no-op."""
 
 from __future__ import annotations
 
 import json
 
-import onnx
 import pytest
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (dev extra)")
 torch = pytest.importorskip("torch")
 
-from veo_edge.export.onnx_export import OnnxExport  # noqa: E402
-from veo_edge.export.source import OnnxSource  # noqa: E402
+from veo_edge.errors import ModelLoadError  # noqa: E402
+from veo_edge.export.hf_source import HuggingFaceSource  # noqa: E402
 from veo_edge.pipeline.build import BuildOptions, run_build  # noqa: E402
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
-IMAGE = {"image_size": 32, "patch_size": 8, "num_labels": 5}
+LABELS = {0: "cat", 1: "dog", 2: "eel", 3: "fox", 4: "gnu"}
+IMAGE = {"image_size": 32, "patch_size": 8, "id2label": LABELS, "label2id": {v: k for k, v in LABELS.items()}}
+SQUARE = {"size": {"height": 32, "width": 32}}
+CROP = {"size": {"shortest_edge": 36}, "crop_size": {"height": 32, "width": 32}}
 
 
 def _family(name: str):
-    """(model, input shape) for a family."""
+    """(model, processor) for a family."""
     tf = transformers
     if name == "vit":
-        return tf.ViTForImageClassification(tf.ViTConfig(**IMAGE, **SMALL)), (3, 32, 32)
+        return tf.ViTForImageClassification(tf.ViTConfig(**IMAGE, **SMALL)), tf.ViTImageProcessorPil(**SQUARE)
     if name == "deit":
-        return tf.DeiTForImageClassificationWithTeacher(tf.DeiTConfig(**IMAGE, **SMALL)), (3, 32, 32)
+        model = tf.DeiTForImageClassificationWithTeacher(tf.DeiTConfig(**IMAGE, **SMALL))
+        return model, tf.DeiTImageProcessorPil(size={"height": 36, "width": 36}, crop_size=CROP["crop_size"])
     if name == "dinov2":
-        return tf.Dinov2ForImageClassification(tf.Dinov2Config(**IMAGE, **SMALL)), (3, 32, 32)
+        return tf.Dinov2ForImageClassification(tf.Dinov2Config(**IMAGE, **SMALL)), tf.BitImageProcessorPil(
+            **CROP
+        )
     if name == "beit":
         cfg = tf.BeitConfig(**IMAGE, **SMALL, use_relative_position_bias=True)
-        return tf.BeitForImageClassification(cfg), (3, 32, 32)
+        return tf.BeitForImageClassification(cfg), tf.BeitImageProcessorPil(**SQUARE, do_center_crop=False)
+    if name == "data2vec-vision":
+        cfg = tf.Data2VecVisionConfig(**IMAGE, **SMALL, use_relative_position_bias=True)
+        return tf.Data2VecVisionForImageClassification(cfg), tf.BeitImageProcessorPil(
+            **SQUARE, do_center_crop=False
+        )
     if name == "swin":
         cfg = tf.SwinConfig(
-            image_size=32, patch_size=4, embed_dim=16, depths=[2], num_heads=[2], window_size=4, num_labels=5
+            image_size=32,
+            patch_size=4,
+            embed_dim=16,
+            depths=[2],
+            num_heads=[2],
+            window_size=4,
+            id2label=LABELS,
         )
-        return tf.SwinForImageClassification(cfg), (3, 32, 32)
+        return tf.SwinForImageClassification(cfg), tf.ViTImageProcessorPil(**SQUARE)
     if name == "videomae":
         cfg = tf.VideoMAEConfig(**IMAGE, **SMALL, num_frames=4, tubelet_size=2)
-        return tf.VideoMAEForVideoClassification(cfg), (4, 3, 32, 32)
+        return tf.VideoMAEForVideoClassification(cfg), tf.VideoMAEImageProcessorPil(**CROP)
     if name == "timesformer":
         cfg = tf.TimesformerConfig(**IMAGE, **SMALL, num_frames=4)
-        return tf.TimesformerForVideoClassification(cfg), (4, 3, 32, 32)
+        return tf.TimesformerForVideoClassification(cfg), tf.VideoMAEImageProcessorPil(**CROP)
+    if name == "vivit":
+        cfg = tf.VivitConfig(image_size=32, num_frames=4, tubelet_size=[2, 8, 8], id2label=LABELS, **SMALL)
+        return tf.VivitForVideoClassification(cfg), tf.VivitImageProcessor(**CROP)
     raise ValueError(name)
-
-
-class Logits(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x).logits
 
 
 def _trained_looking(model: torch.nn.Module) -> None:
@@ -63,33 +75,57 @@ def _trained_looking(model: torch.nn.Module) -> None:
             torch.nn.init.normal_(p, 0.0, 0.5)
 
 
+def save_checkpoint(family: str, path):
+    """A save_pretrained directory of ``family``: the model and its processor."""
+    torch.manual_seed(0)
+    model, processor = _family(family)
+    _trained_looking(model)
+    model.eval().save_pretrained(path)
+    processor.save_pretrained(path)
+    return path
+
+
 #: (family, exporter) -> (attention fused, attention candidates, why the rest was left alone)
 EXPECT = {
     ("vit", "torchscript"): (2, 2, set()),
     ("deit", "torchscript"): (2, 2, set()),
     ("dinov2", "torchscript"): (2, 2, set()),
     ("beit", "torchscript"): (0, 2, {"no_mask"}),
+    ("data2vec-vision", "torchscript"): (0, 2, {"no_mask"}),
     ("swin", "torchscript"): (0, 2, {"no_mask"}),
     ("videomae", "torchscript"): (2, 2, set()),
     ("timesformer", "torchscript"): (4, 4, set()),
+    ("vivit", "torchscript"): (2, 2, set()),
     ("vit", "dynamo"): (2, 2, set()),
     ("videomae", "dynamo"): (2, 2, set()),
 }
+VIDEO = {"videomae", "timesformer", "vivit"}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family, exporter", list(EXPECT), ids=[f"{f}-{e}" for f, e in EXPECT])
-def test_a_hugging_face_family_builds_with_what_fuses_said_per_family(family, exporter, tmp_path):
-    torch.manual_seed(0)
-    model, shape = _family(family)
-    _trained_looking(model)
-    net = Logits(model.eval()).eval()
-    path = tmp_path / f"{family}.onnx"
-    OnnxExport(opset=18 if exporter == "dynamo" else 17, exporter=exporter, max_batch=2)(net, shape, path)
-    # dynamo writes the weights next to the graph (.onnx.data), which `build --onnx` does not copy yet:
-    # hand it one self-contained file, as a user would
-    onnx.save(onnx.load(str(path)), str(path))
-    res = run_build(BuildOptions(source=OnnxSource(path), out=tmp_path / "b", quiet=True, max_batch=2))
+def test_a_hugging_face_checkpoint_builds_with_what_fuses_said_per_family(family, exporter, tmp_path):
+    ckpt = save_checkpoint(family, tmp_path / family)
+    opts = BuildOptions(
+        source=HuggingFaceSource(str(ckpt)),
+        out=tmp_path / "b",
+        quiet=True,
+        max_batch=2,
+        exporter=exporter,
+        opset=18 if exporter == "dynamo" else 17,
+    )
+    res = run_build(opts)
+    m = res.manifest
+    # what the checkpoint knows is in the manifest
+    assert m["labels"] == list(LABELS.values())
+    assert m["model"]["config"]["model_type"] == family and m["model"]["config"]["output"] == "logits"
+    prep = m["preprocess"]
+    assert prep["num_frames"] == (4 if family in VIDEO else None)
+    assert m["input_shape"] == ([4, 3, 32, 32] if family in VIDEO else [3, 32, 32])
+    # parity: PyTorch vs ONNX Runtime and OpenVINO at batch 1 and 2, all passed (run_build raises otherwise)
+    assert {(s["candidate"], s["batch"]) for s in m["parity"]} == {
+        (c, b) for c in ("onnxruntime", "openvino") for b in (1, 2)
+    }
     report = json.loads((tmp_path / "b" / "surgery_report.json").read_text())
     fused, candidates, left = EXPECT[(family, exporter)]
     attention = report["families"]["attention"]
@@ -100,6 +136,70 @@ def test_a_hugging_face_family_builds_with_what_fuses_said_per_family(family, ex
         assert "not supported by VeoAttention v1" in attention["left_alone"][0]["why"]
     patch = report["families"]["patch embedding"]
     assert patch["fused"] == 1, patch
-    assert res.manifest["surgery"]["replaced"] == fused + 1
+    assert m["surgery"]["replaced"] == fused + 1
     assert all(c["passed"] for c in report["reference_check"])
-    assert "plugins_onnx" in res.manifest["artifacts"]
+    assert "plugins_onnx" in m["artifacts"]
+
+
+def test_deit_serves_the_mean_of_its_two_heads(tmp_path) -> None:
+    """What DeiTForImageClassificationWithTeacher returns: (cls head + distillation head) / 2."""
+    from veo_edge.models.huggingface import load
+
+    ckpt = save_checkpoint("deit", tmp_path / "deit")
+    hf = load(str(ckpt))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        out = hf.module.model(pixel_values=x)
+        served = hf.module(x)
+    torch.testing.assert_close(served, (out.cls_logits + out.distillation_logits) / 2)
+    assert hf.architecture == "DeiTForImageClassificationWithTeacher"
+
+
+def test_a_bare_backbone_builds_with_its_pooled_output_and_says_so(tmp_path) -> None:
+    tf = transformers
+    torch.manual_seed(0)
+    tf.ViTModel(tf.ViTConfig(image_size=32, patch_size=8, **SMALL)).save_pretrained(tmp_path / "bare")
+    tf.ViTImageProcessorPil(**SQUARE).save_pretrained(tmp_path / "bare")
+    res = run_build(
+        BuildOptions(
+            source=HuggingFaceSource(str(tmp_path / "bare")), out=tmp_path / "b", quiet=True, plugins=False
+        )
+    )
+    assert res.manifest["model"]["config"]["output"] == "pooler_output"
+    assert res.manifest["outputs"][0]["shape"] == [-1, 32]
+    assert "labels" not in res.manifest
+    assert any("no classification head: the build serves its pooler_output" in n for n in res.notes)
+
+
+def test_bad_checkpoints_are_one_line_errors(tmp_path) -> None:
+    tf = transformers
+    with pytest.raises(ModelLoadError, match="no such directory"):
+        HuggingFaceSource(str(tmp_path / "nowhere")).load()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match=r"without config\.json; expected a directory written by"):
+        HuggingFaceSource(str(tmp_path / "empty")).load()
+    # an architecture veo-edge does not build: the error lists the supported ones
+    tf.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2).save_pretrained(
+        tmp_path / "bert"
+    )
+    with pytest.raises(
+        ModelLoadError, match=r"a 'bert' model, which veo-edge does not build; supported: vit, deit"
+    ):
+        HuggingFaceSource(str(tmp_path / "bert")).load()
+    # a checkpoint saved without its processor
+    tf.ViTForImageClassification(tf.ViTConfig(image_size=32, patch_size=8, **SMALL)).save_pretrained(
+        tmp_path / "np"
+    )
+    with pytest.raises(ModelLoadError, match=r"has no processor config \(preprocessor_config.json"):
+        HuggingFaceSource(str(tmp_path / "np")).load()
+    # a processor whose pictures do not fit the model
+    tf.ViTImageProcessorPil(size={"height": 48, "width": 48}).save_pretrained(tmp_path / "np")
+    with pytest.raises(ModelLoadError, match="the processor makes 48x48 pictures but the model takes 32x32"):
+        HuggingFaceSource(str(tmp_path / "np")).load()
+
+
+def test_a_hub_id_outside_the_cache_says_how_to_provide_the_directory(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ModelLoadError, match=r"not in the local Hugging Face cache .* pass --hf DIR"):
+        HuggingFaceSource("google/vit-base-patch16-224").load()

@@ -15,6 +15,14 @@ def build(
     ),
     module: str = typer.Option(None, "--module", help="Your model: pkg.mod:factory returning an nn.Module."),
     onnx: Path = typer.Option(None, "--onnx", help="An existing ONNX ViT to build from."),
+    hf: str = typer.Option(
+        None,
+        "--hf",
+        help="A Hugging Face checkpoint: a save_pretrained directory, or a hub id in the local cache.",
+    ),
+    attn_implementation: str = typer.Option(
+        None, "--attn-implementation", help="With --hf: transformers' attention, eager or sdpa."
+    ),
     checkpoint: Path = typer.Option(
         None, "--checkpoint", help="state_dict for --module or a built-in --model (.pt/.pth/.safetensors)."
     ),
@@ -62,14 +70,22 @@ def build(
     from veo_edge.pipeline.build import BuildOptions, run_build
 
     chosen = [
-        flag for flag, v in (("--model", model), ("--module", module), ("--onnx", onnx)) if v is not None
+        flag
+        for flag, v in (("--model", model), ("--module", module), ("--onnx", onnx), ("--hf", hf))
+        if v is not None
     ]
     if len(chosen) > 1:
         raise UsageError(f"{' and '.join(chosen)} were both given; choose one model source")
-    if checkpoint is not None and onnx is not None:
+    if checkpoint is not None and (onnx is not None or hf is not None):
         raise UsageError(
-            "--checkpoint goes with --module or --model, not --onnx (the ONNX file has its weights)"
+            f"--checkpoint goes with --module or --model, not {'--onnx' if onnx else '--hf'} "
+            "(it has its weights)"
         )
+    if attn_implementation is not None:
+        if hf is None:
+            raise UsageError("--attn-implementation goes with --hf")
+        if attn_implementation not in ("eager", "sdpa"):
+            raise UsageError(f"--attn-implementation {attn_implementation!r}; choose eager or sdpa")
     image_flags = [
         f
         for f, v in (
@@ -92,6 +108,10 @@ def build(
         source = ModuleSource(module, input_shape=shape, checkpoint=checkpoint)
     elif onnx is not None:
         source = OnnxSource(onnx)
+    elif hf is not None:
+        from veo_edge.export.hf_source import HuggingFaceSource
+
+        source = HuggingFaceSource(hf, attn_implementation)
     else:
         source = BuiltinSource(model or DEFAULT_MODEL, checkpoint=checkpoint)
     opts = BuildOptions(

@@ -3,9 +3,10 @@
 Accepted forms, checked against the model's input shape:
 - ``.npy``: inputs ``(N, *input_shape)``, already preprocessed as the model expects;
 - ``.npz``: inputs under ``x`` (or ``inputs``), and for validation labels under ``y`` (or ``labels``);
-- a folder of images (``.png``/``.jpg``/...): resized to the input size, scaled to 0..1 and normalised with
-  ImageNet's mean/std (3 channels) or 0.5/0.5 (1 channel); in a folder of class folders named
-  ``0``, ``1``, ... each image is labelled by its folder.
+- a folder of images (``.png``/``.jpg``/...): preprocessed as the build's checkpoint says (its manifest
+  ``preprocess``, from a Hugging Face processor), or where it says nothing resized bilinearly to the input
+  size, scaled to 0..1 and normalised with ImageNet's mean/std (3 channels) or 0.5/0.5 (1 channel); in a
+  folder of class folders named ``0``, ``1``, ... each image is labelled by its folder.
 Built-in models trained on real data bring their own (``models/digits.py``).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -34,11 +36,14 @@ class Data:
         return self.y is not None
 
 
-def load_data(path: Path, input_shape: tuple[int, ...], what: str) -> Data:
-    """Inputs (and labels, where the file has some) from ``path``; ``what`` names the flag in errors."""
+def load_data(
+    path: Path, input_shape: tuple[int, ...], what: str, preprocess: dict[str, Any] | None = None
+) -> Data:
+    """Inputs (and labels, where the file has some) from ``path``; ``what`` names the flag in errors;
+    ``preprocess`` (a manifest ``preprocess`` section) is how a folder's images become inputs."""
     path = Path(path)
     if path.is_dir():
-        data = _images(path, input_shape, what)
+        data = _images(path, input_shape, what, preprocess)
     elif path.suffix == ".npy":
         data = Data(_load_np(path, what), None, str(path))
     elif path.suffix == ".npz":
@@ -94,7 +99,22 @@ def _checked(data: Data, input_shape: tuple[int, ...], what: str) -> Data:
     return Data(np.ascontiguousarray(x, dtype=np.float32), y, data.source)
 
 
-def _images(folder: Path, input_shape: tuple[int, ...], what: str) -> Data:
+def _default_preprocess(input_shape: tuple[int, ...]) -> Any:
+    """Where the build says nothing: bilinear to the input size, ImageNet's mean/std (0.5/0.5 for grey)."""
+    from veo_edge.preprocess import Preprocess
+
+    chans, h, w = input_shape
+    mean, std = (IMAGENET_MEAN, IMAGENET_STD) if chans == 3 else ((0.5,), (0.5,))
+    return Preprocess(
+        size={"height": h, "width": w},
+        image_mean=mean,
+        image_std=std,
+        channel_order="RGB" if chans == 3 else "L",
+        processor="veo-edge default (ImageNet mean/std, bilinear)",
+    )
+
+
+def _images(folder: Path, input_shape: tuple[int, ...], what: str, preprocess: dict[str, Any] | None) -> Data:
     if len(input_shape) != 3 or input_shape[0] not in (1, 3):
         raise UsageError(
             f"{what} {folder}: a folder of images fits image models of 1 or 3 channels, this one takes "
@@ -104,25 +124,21 @@ def _images(folder: Path, input_shape: tuple[int, ...], what: str) -> Data:
         from PIL import Image
     except ImportError as e:
         raise UsageError(f"{what} {folder}: reading images needs Pillow ({e}); pip install pillow") from e
+    from veo_edge.preprocess import Preprocess
+
     classes = sorted(
         (d for d in folder.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name)
     )
     groups = [(int(d.name), d) for d in classes] if classes else [(None, folder)]
-    chans, h, w = input_shape
-    mean, std = (IMAGENET_MEAN, IMAGENET_STD) if chans == 3 else ((0.5,), (0.5,))
+    prep = Preprocess.from_manifest(preprocess) if preprocess else _default_preprocess(input_shape)
     xs, ys = [], []
     for label, d in groups:
         for f in sorted(p for p in d.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
             try:
                 with Image.open(f) as im:
-                    im = im.convert("RGB" if chans == 3 else "L").resize((w, h), Image.BILINEAR)
-                    a = np.asarray(im, dtype=np.float32) / 255.0
+                    xs.append(prep(im))
             except OSError as e:
                 raise InputError(f"{what}: cannot read image {f}: {e}") from e
-            a = a[None] if chans == 1 else a.transpose(2, 0, 1)
-            xs.append(
-                (a - np.array(mean, np.float32)[:, None, None]) / np.array(std, np.float32)[:, None, None]
-            )
             ys.append(label)
     if not xs:
         raise InputError(f"{what} {folder} holds no images ({', '.join(IMAGE_SUFFIXES)})")

@@ -30,6 +30,12 @@ class LoadedModel:
     source: str = ""
     #: external data files the ONNX file's tensors live in (torch's dynamo exporter writes model.onnx.data)
     onnx_external_data: tuple[Path, ...] = ()
+    #: class names by index (the manifest's ``labels``), when the checkpoint has them
+    labels: list[str] | None = None
+    #: how a picture becomes an input (the manifest's ``preprocess``: ``Preprocess.to_manifest()``)
+    preprocess: dict[str, Any] | None = None
+    #: what the load noticed, shown after the build (e.g. which output a bare backbone serves)
+    notes: list[str] = field(default_factory=list)
 
 
 def parse_input_shape(text: str | None) -> tuple[int, ...] | None:
@@ -64,7 +70,7 @@ class BuiltinSource:
 
     def load(self) -> LoadedModel:
         from veo_edge.models import create_model
-        from veo_edge.models.registry import pretrained_weights
+        from veo_edge.models.registry import builtin_data, pretrained_weights
 
         built = create_model(self.name, seed=self.seed, pretrained=self.checkpoint is None)
         if self.checkpoint is not None:
@@ -74,12 +80,15 @@ class BuiltinSource:
             weights = "shipped"
         else:
             weights = f"seed:{self.seed}"
+        data = builtin_data(self.name)
         return LoadedModel(
             name=self.name,
             input_shape=built.config.input_shape,
             module=built.module.eval(),
             config={"family": "vit", "weights": weights, **built.config.to_dict()},
             source=f"builtin:{self.name}",
+            labels=getattr(data, "LABELS", None),
+            preprocess=data.picture_preprocess() if hasattr(data, "picture_preprocess") else None,
         )
 
 

@@ -20,6 +20,31 @@ UPSCALE = 4
 IMG_SIZE = 8 * UPSCALE
 #: how many training samples the int8 build calibrates on by default
 CALIBRATION_SIZE = 300
+#: the class names the build records (the manifest's ``labels``)
+LABELS = [str(d) for d in range(10)]
+
+
+def picture_preprocess() -> dict:
+    """How a picture of a digit becomes an input (the manifest's ``preprocess``): a grey picture with the
+    ink bright on black, grey level p in 0..255 standing for the scan's level p * 16 / 255, resized to
+    32x32 by nearest neighbour (an 8x8 picture is upscaled exactly as the scans are) and mapped to
+    p * 2 / 255 - 1, i.e. -1..1 as :func:`preprocess` maps 0..16."""
+    from veo_edge.preprocess import Preprocess
+
+    return Preprocess(
+        size={"height": IMG_SIZE, "width": IMG_SIZE},
+        resample=0,
+        rescale_factor=2 / 255,
+        offset=True,
+        do_normalize=False,
+        channel_order="L",
+        processor="vit-digits (8x8 scans, ink bright on black)",
+    ).to_manifest()
+
+
+def render(levels: np.ndarray) -> np.ndarray:
+    """One 8x8 scan of levels 0..16 -> the 8x8 uint8 picture :func:`picture_preprocess` reads."""
+    return np.rint(np.asarray(levels, np.float64) * 255 / 16).astype(np.uint8)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,9 @@ def _shift(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def train(epochs: int = EPOCHS, seed: int = SEED, log=print):
+def train(epochs: int = EPOCHS, seed: int = SEED, log=print, make_net=None):
+    """Train ``make_net()`` (default: vit-digits from ``seed``), a module from (N, 1, 32, 32) inputs to
+    logits, by this recipe; returns it in eval mode."""
     import torch
     import torch.nn.functional as F
 
@@ -50,7 +52,10 @@ def train(epochs: int = EPOCHS, seed: int = SEED, log=print):
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(seed)
     train_split, test = split()
-    net = create_model("vit-digits", seed=seed, pretrained=False).module.train()
+    if make_net is None:
+        net = create_model("vit-digits", seed=seed, pretrained=False).module.train()
+    else:
+        net = make_net().train()
     opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     steps = epochs * math.ceil(len(train_split.y) / BATCH)
     warmup = steps // 20

@@ -21,6 +21,7 @@ from veo_edge.builddir import BuildDir, artifact_entry, write_manifest
 from veo_edge.errors import ParityError, UsageError
 from veo_edge.export.accuracy import MAX_ACCURACY_DROP
 from veo_edge.export.canary import MIN_COSINE, Canary, compare_canary
+from veo_edge.export.hf_source import HuggingFaceSource
 from veo_edge.export.onnx_export import Exporter, OnnxExport, check_onnx
 from veo_edge.export.openvino_ir import OpenVinoConvert
 from veo_edge.export.parity import ParityStats, TorchReference, check_all, seeded_inputs
@@ -29,7 +30,7 @@ from veo_edge.pipeline.progress import StageReporter
 from veo_edge.runtime.backends.openvino import SERVED_PRECISIONS
 from veo_edge.staging import BuildOutput
 
-Source = BuiltinSource | ModuleSource | OnnxSource
+Source = BuiltinSource | ModuleSource | OnnxSource | HuggingFaceSource
 
 #: seed of the golden canary input; fixed so that every build of a model has the same canary
 CANARY_SEED = 20_240_611
@@ -213,6 +214,10 @@ def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: Stage
         "versions": versions(),
         "timings_s": rep.timings,
     }
+    if loaded.labels:
+        manifest["labels"] = list(loaded.labels)
+    if loaded.preprocess:
+        manifest["preprocess"] = loaded.preprocess
     if surgery is not None:
         artifacts.update({kind: artifact_entry(stage, path) for kind, path in surgery.artifacts.items()})
         manifest["surgery"] = surgery.report.summary()
@@ -220,7 +225,8 @@ def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: Stage
     if plugin_lib is not None:
         manifest["plugin_library"] = plugin_lib
     write_manifest(stage, manifest)
-    return BuildResult(path=stage, manifest=manifest, parity=parity, notes=surgery.notes if surgery else [])
+    notes = [*loaded.notes, *(surgery.notes if surgery else [])]
+    return BuildResult(path=stage, manifest=manifest, parity=parity, notes=notes)
 
 
 def _only(outputs: dict[str, np.ndarray]) -> np.ndarray:

@@ -47,7 +47,7 @@ def _builtin_data(loaded: LoadedModel):
 
 def _validation(loaded: LoadedModel, val: Path | None) -> Data | None:
     if val is not None:
-        return load_data(val, loaded.input_shape, "--val")
+        return load_data(val, loaded.input_shape, "--val", loaded.preprocess)
     data = _builtin_data(loaded)
     if data is None:
         return None
@@ -81,7 +81,7 @@ def precheck(opts: Any) -> None:
 
 def _calibration(loaded: LoadedModel, path: Path | None) -> Data:
     if path is not None:
-        return load_data(path, loaded.input_shape, "--calibration")
+        return load_data(path, loaded.input_shape, "--calibration", loaded.preprocess)
     data = _builtin_data(loaded)
     if data is None:
         raise _no_calibration(loaded.name)

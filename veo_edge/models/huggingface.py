@@ -1,0 +1,288 @@
+"""Hugging Face ``transformers`` checkpoints: a ``save_pretrained`` directory (or a hub id found in the
+local cache) -> a module that returns what is served, its input shape, labels and preprocessing.
+
+``transformers`` is optional (``pip install 'veo-edge[hf]'``) and imported only here, only when a
+checkpoint is loaded. Supported families are listed in :data:`FAMILIES`; the served output is the
+classification logits (for DeiT with a distillation head, what ``DeiTForImageClassificationWithTeacher``
+returns: the mean of both heads), or for a bare backbone its pooled output, else its last hidden state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from veo_edge.errors import ModelLoadError, UsageError
+from veo_edge.preprocess.image import Preprocess
+
+if TYPE_CHECKING:
+    from torch import nn
+
+#: model_type -> "image" or "video" (the families built and tested here)
+FAMILIES = {
+    "vit": "image",
+    "deit": "image",
+    "beit": "image",
+    "data2vec-vision": "image",
+    "dinov2": "image",
+    "swin": "image",
+    "videomae": "video",
+    "timesformer": "video",
+    "vivit": "video",
+}
+#: the processor fields copied into :class:`Preprocess`
+_FIELDS = (
+    "size",
+    "resample",
+    "do_resize",
+    "do_center_crop",
+    "crop_size",
+    "do_rescale",
+    "rescale_factor",
+    "offset",
+    "do_normalize",
+    "image_mean",
+    "image_std",
+)
+PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
+
+
+@dataclass
+class HfModel:
+    """A loaded checkpoint, ready for export."""
+
+    module: nn.Module
+    name: str
+    model_type: str
+    kind: str  # image or video
+    input_shape: tuple[int, ...]  # (C, H, W) or, for video, (T, C, H, W) as transformers takes it
+    output: str  # "logits", "pooler_output" or "last_hidden_state"
+    architecture: str
+    labels: list[str] | None
+    preprocess: Preprocess
+    path: Path
+    notes: list[str] = field(default_factory=list)
+
+
+def _transformers() -> Any:
+    try:
+        import transformers
+    except ImportError as e:
+        raise UsageError(
+            f"--hf needs Hugging Face transformers, which is not installed ({e}); pip install 'veo-edge[hf]'"
+        ) from e
+    return transformers
+
+
+def resolve(path_or_id: str) -> Path:
+    """A ``save_pretrained`` directory, or the local snapshot of a hub id (downloaded when the hub is
+    reachable and ``HF_HUB_OFFLINE`` is not set)."""
+    path = Path(path_or_id).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"--hf {path} is a directory without config.json; expected a directory written by "
+                "model.save_pretrained(DIR) (with the processor's processor.save_pretrained(DIR))"
+            )
+        return path
+    if path.exists():
+        raise ModelLoadError(f"--hf {path} is a file; expected a save_pretrained directory or a hub id")
+    if path_or_id.count("/") > 1 or path_or_id.startswith((".", "/", "~")):
+        raise ModelLoadError(f"--hf {path_or_id}: no such directory")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:
+        raise UsageError(f"--hf {path_or_id} names a hub id, which needs huggingface_hub ({e})") from e
+    try:
+        return Path(snapshot_download(path_or_id, local_files_only=True))
+    except Exception as cached_error:
+        if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+            raise ModelLoadError(
+                f"--hf {path_or_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+                f"download it where the hub is reachable (`hf download {path_or_id} --local-dir DIR`) and "
+                "pass --hf DIR"
+            ) from cached_error
+    try:
+        return Path(snapshot_download(path_or_id, etag_timeout=10))
+    except Exception as e:
+        raise ModelLoadError(
+            f"--hf {path_or_id} is not in the local Hugging Face cache and could not be downloaded "
+            f"({type(e).__name__}); on a machine with network run `hf download {path_or_id} --local-dir DIR`, "
+            "copy DIR here and pass --hf DIR"
+        ) from e
+
+
+def load(path_or_id: str, attn_implementation: str | None = None) -> HfModel:
+    """Load the checkpoint, its labels and its preprocessing; every refusal is one line."""
+    path = resolve(path_or_id)
+    tf = _transformers()
+    try:
+        config = tf.AutoConfig.from_pretrained(path)
+    except Exception as e:
+        raise ModelLoadError(f"--hf {path}: cannot read config.json ({type(e).__name__}: {e})") from e
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAMILIES:
+        raise ModelLoadError(
+            f"--hf {path} is a {model_type!r} model, which veo-edge does not build; supported: "
+            f"{', '.join(FAMILIES)}"
+        )
+    kind = FAMILIES[model_type]
+    preprocess = load_preprocess(path, kind, config)
+    arch = (getattr(config, "architectures", None) or [""])[0]
+    module, output, arch = _load_module(tf, path, config, kind, arch, attn_implementation)
+    input_shape = _input_shape(config, kind)
+    hw = preprocess.output_hw
+    if hw is not None and tuple(hw) != tuple(input_shape[-2:]):
+        raise ModelLoadError(
+            f"--hf {path}: the processor makes {hw[0]}x{hw[1]} pictures but the model takes "
+            f"{input_shape[-2]}x{input_shape[-1]}; fix size/crop_size in the processor config"
+        )
+    labels = None
+    if output == "logits":
+        id2label = getattr(config, "id2label", None) or {}
+        n = len(id2label)
+        labels = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(n)] if n else None
+    notes = []
+    if output != "logits":
+        notes.append(f"{arch or model_type} has no classification head: the build serves its {output}")
+    name = path.name if path.name and not path.name.startswith(".") else model_type
+    return HfModel(
+        module=module,
+        name=name,
+        model_type=model_type,
+        kind=kind,
+        input_shape=input_shape,
+        output=output,
+        architecture=arch,
+        labels=labels,
+        preprocess=preprocess,
+        path=path,
+        notes=notes,
+    )
+
+
+def _input_shape(config: Any, kind: str) -> tuple[int, ...]:
+    size = config.image_size
+    h, w = (size, size) if isinstance(size, int) else tuple(size)
+    chans = int(getattr(config, "num_channels", 3))
+    if kind == "video":
+        return (int(config.num_frames), chans, int(h), int(w))
+    return (chans, int(h), int(w))
+
+
+def served_module(model: nn.Module, output: str) -> nn.Module:
+    """``model`` wrapped to take ``pixel_values`` and return its ``output`` tensor alone."""
+    import torch
+
+    class Served(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            return getattr(self.model(pixel_values=pixel_values), output)
+
+    return Served()
+
+
+def _load_module(
+    tf: Any, path: Path, config: Any, kind: str, arch: str, attn: str | None
+) -> tuple[nn.Module, str, str]:
+    kw: dict[str, Any] = {} if attn is None else {"attn_implementation": attn}
+    if arch.endswith("ForImageClassificationWithTeacher") or arch.endswith("ForImageClassification"):
+        cls = getattr(tf, arch, None) or tf.AutoModelForImageClassification
+        output = "logits"
+    elif arch.endswith("ForVideoClassification"):
+        cls = getattr(tf, arch, None) or tf.AutoModelForVideoClassification
+        output = "logits"
+    else:
+        cls = tf.AutoModel
+        output = ""
+    try:
+        model = cls.from_pretrained(path, **kw).eval()
+    except Exception as e:
+        raise ModelLoadError(
+            f"--hf {path}: cannot load the {arch or config.model_type} weights ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''})"
+        ) from e
+    if not output:
+        output = _backbone_output(model, kind, _input_shape(config, kind))
+    return served_module(model, output), output, type(model).__name__
+
+
+def _backbone_output(model: nn.Module, kind: str, shape: tuple[int, ...]) -> str:
+    import torch
+
+    with torch.no_grad():
+        out = model(pixel_values=torch.zeros((1, *shape)))
+    return "pooler_output" if getattr(out, "pooler_output", None) is not None else "last_hidden_state"
+
+
+def load_preprocess(path: Path, kind: str, config: Any | None = None) -> Preprocess:
+    """The checkpoint's processor as :class:`Preprocess` (Hugging Face's PIL backend, defaults applied)."""
+    found = [f for f in PROCESSOR_FILES if (path / f).is_file()]
+    if not found:
+        raise ModelLoadError(
+            f"--hf {path} has no processor config ({' or '.join(PROCESSOR_FILES)}); save the checkpoint's "
+            "image processor beside it: AutoImageProcessor.from_pretrained(ID).save_pretrained(DIR)"
+        )
+    values: dict[str, Any] = {}
+    processor = ""
+    try:
+        tf = _transformers()
+        proc = tf.AutoImageProcessor.from_pretrained(path, backend="pil")
+        values = {k: getattr(proc, k) for k in _FIELDS if getattr(proc, k, None) is not None}
+        processor = type(proc).__name__.removesuffix("Pil")
+    except (OSError, ValueError, KeyError, TypeError, ImportError):  # a video processor only, say
+        raw = json.loads((path / found[0]).read_text())
+        values = {k: raw[k] for k in _FIELDS if raw.get(k) is not None}
+        processor = raw.get("image_processor_type") or raw.get("video_processor_type") or ""
+    values = {k: _plain(v) for k, v in values.items()}
+    if "size" in values:
+        values["size"] = _size(values["size"])
+    if values.get("crop_size") is not None:
+        values["crop_size"] = _size(values["crop_size"])
+    for k in ("image_mean", "image_std"):
+        if k in values:
+            v = values[k]
+            values[k] = tuple(float(x) for x in (v if isinstance(v, list | tuple) else [v] * 3))
+    chans = int(getattr(config, "num_channels", 3)) if config is not None else 3
+    frames = int(config.num_frames) if kind == "video" and config is not None else None
+    try:
+        return Preprocess(
+            **values,
+            channel_order="RGB" if chans == 3 else "L",
+            num_frames=frames,
+            processor=processor,
+        )
+    except TypeError as e:
+        raise ModelLoadError(f"--hf {path}: its processor config is not one veo-edge reads: {e}") from e
+
+
+def _plain(v: Any) -> Any:
+    """A processor attribute as plain JSON data (SizeDict, enums and numpy scalars become dicts, ints)."""
+    if hasattr(v, "items"):
+        return {str(k): int(x) for k, x in v.items() if x is not None}
+    if hasattr(v, "value") and isinstance(v.value, int):  # PILImageResampling
+        return int(v.value)
+    if isinstance(v, list | tuple):
+        return [float(x) for x in v]
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return float(v)
+    return v
+
+
+def _size(size: Any) -> dict[str, int]:
+    if isinstance(size, int):
+        return {"height": size, "width": size}
+    size = {k: int(v) for k, v in dict(size).items() if v is not None}
+    if "shortest_edge" in size and "longest_edge" not in size:
+        return {"shortest_edge": size["shortest_edge"]}
+    return size
