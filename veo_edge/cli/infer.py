@@ -29,9 +29,43 @@ def load_input(path: Path | None, batch: int, seed: int, input_shape: tuple[int,
     return arr
 
 
+def load_pictures(build, images: list[Path], video: Path | None):
+    """``--image`` files or a ``--video`` clip, preprocessed as the build's manifest says."""
+    from veo_edge.errors import UsageError
+    from veo_edge.preprocess import Preprocess
+    from veo_edge.preprocess.decode import read_clip, read_image
+
+    spec = build.manifest.get("preprocess")
+    if not spec:
+        raise UsageError(
+            f"{build.path} records no preprocessing, so it cannot take pictures; build it with --hf "
+            "(or from a built-in model that has one), or pass --input x.npy"
+        )
+    prep = Preprocess.from_manifest(spec)
+    video_build = prep.num_frames is not None
+    if images and video_build:
+        raise UsageError(
+            f"{build.model_name} is a video model ({prep.num_frames} frames a clip); pass --video clip.mp4 or "
+            "--video frames_dir/, not --image"
+        )
+    if video is not None and not video_build:
+        raise UsageError(f"{build.model_name} is an image model; pass --image, not --video")
+    if video is not None:
+        return prep.clip(read_clip(video))[None]
+    return prep.batch([read_image(p) for p in images])
+
+
 def infer(
     build_dir: Path = typer.Argument(..., help="A build directory made by `veo-edge build`."),
     input_file: Path = typer.Option(None, "--input", "-i", help="Input .npy (one sample or a batch)."),
+    image: list[Path] = typer.Option(
+        None,
+        "--image",
+        help="A picture (JPEG, PNG, WebP, BMP); repeat for a batch. Needs a build with preprocessing.",
+    ),
+    video: Path = typer.Option(
+        None, "--video", help="A clip for a video build: a video file (PyAV) or a folder of frames."
+    ),
     batch: int = typer.Option(1, "--batch", help="Batch size of the seeded random input (without --input)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random input."),
     backend: str = typer.Option(
@@ -58,7 +92,16 @@ def infer(
     rt = Runtime(
         build_dir, backend=backend, fallback=not no_fallback, gpu_memory_budget=gpu_memory_budget, gpu=gpu
     )
-    x = load_input(input_file, batch, seed, rt.input_shape)
+    given = [f for f, v in (("--input", input_file), ("--image", image), ("--video", video)) if v]
+    if len(given) > 1:
+        from veo_edge.errors import UsageError
+
+        raise UsageError(f"{' and '.join(given)} were both given; choose one input")
+    if image or video is not None:
+        x = load_pictures(rt.build, list(image or []), video)
+    else:
+        x = load_input(input_file, batch, seed, rt.input_shape)
+    labels = rt.build.manifest.get("labels") or None
     with rt.start():
         start = time.perf_counter()
         logits = rt.infer(x)
@@ -78,7 +121,12 @@ def infer(
         "output_shape": list(logits.shape),
         "latency_ms": round(latency_ms, 3),
         "top_k": [
-            [{"class": int(c), "logit": float(logits[i, c])} for c in row] for i, row in enumerate(top)
+            [
+                {"class": int(c), "logit": float(logits[i, c])}
+                | ({"label": labels[c]} if labels and c < len(labels) else {})
+                for c in row
+            ]
+            for i, row in enumerate(top)
         ],
     }
     if json_out:
@@ -96,7 +144,12 @@ def infer(
     for sw in state.switches:
         c.print(f"  switched {sw['from']} -> {sw['to']}: {sw['reason']}", soft_wrap=True)
     for i, row in enumerate(result["top_k"][:8]):
-        c.print(f"  sample {i}: " + ", ".join(f"{t['class']} ({t['logit']:.3f})" for t in row))
+        name = str(image[i]) if image and i < len(image) else f"sample {i}"
+        c.print(
+            f"  {name}: " + ", ".join(f"{t.get('label', t['class'])} ({t['logit']:.3f})" for t in row),
+            markup=False,
+            soft_wrap=True,
+        )
     if len(result["top_k"]) > 8:
         c.print(f"  ... {len(result['top_k']) - 8} more samples (use --json for all)")
 

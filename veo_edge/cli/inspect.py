@@ -36,6 +36,8 @@ def inspect(
             **((m.get("canary") or {}).get("precisions") or {}),
         },
         "export": m.get("export"),
+        "labels": m.get("labels"),
+        "preprocess": m.get("preprocess"),
         "artifacts": sorted(m.get("artifacts", {})),
         "engine_choices": read_choices(cache_dir(b.path), m["model"]["name"]),
     }
@@ -52,6 +54,7 @@ def inspect(
         f"exported by {exp.get('exporter')} at opset {exp.get('opset')}"
     )
     c.print(f"  artifacts: {', '.join(summary['artifacts'])}")
+    _print_inputs(c, summary)
     _print_engine_choices(c, summary["engine_choices"])
     if summary["cpu_precision"]:
         from veo_edge.pipeline.precision import summary_lines
@@ -74,6 +77,19 @@ def inspect(
     for line in report.lines():
         if not line.startswith(("VeoAttention:", "VeoPatchEmbedLayerNorm:")):
             c.print(f"  {line}", soft_wrap=True, markup=False)
+
+
+def _print_inputs(c, summary: dict) -> None:
+    """The build's preprocessing and class labels (manifest 1.1), when it has them."""
+    from veo_edge.preprocess import Preprocess
+
+    if summary["preprocess"]:
+        line = Preprocess.from_manifest(summary["preprocess"]).describe()
+        c.print(f"  preprocessing: {line}", markup=False, soft_wrap=True)
+    labels = summary["labels"]
+    if labels:
+        shown = ", ".join(labels[:8]) + (f", ... ({len(labels)} in all)" if len(labels) > 8 else "")
+        c.print(f"  labels: {shown}", markup=False, soft_wrap=True)
 
 
 def _print_engine_choices(c, choices: list) -> None:
