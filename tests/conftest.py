@@ -51,6 +51,15 @@ def digits_int8_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _build(tmp_path_factory, "vit-digits", cpu_precision="int8", plugins=False)
 
 
+@pytest.fixture(scope="session")
+def veo_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkout's veo-edge wheel (``pip wheel`` of a copy of the checkout, so its build/ stays
+    untouched), built once for the session."""
+    from veo_edge.packaging.ownwheel import wheel_from_source_tree
+
+    return wheel_from_source_tree(Path(__file__).resolve().parents[1], tmp_path_factory.mktemp("wheel"))
+
+
 @pytest.fixture
 def copy_build(tmp_path: Path):
     """Copy a session build into this test's tmp dir, for tests that modify or corrupt it."""
