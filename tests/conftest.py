@@ -136,7 +136,7 @@ def docker_engine():
     unless VEO_EDGE_REQUIRE_DOCKER=1 (CI) makes that a failure."""
     import tempfile
 
-    from tests.support.dockerd import DockerEngine, EngineUnavailable, remove_root, require_docker
+    from tests.support.dockerd import DockerEngine, EngineUnavailable, require_docker
 
     root = Path(tempfile.mkdtemp(prefix="veo-dk-", dir="/tmp"))
     engine = DockerEngine(root)
@@ -151,8 +151,7 @@ def docker_engine():
         engine.ensure_base_image()
         yield engine
     finally:
-        engine.stop()
-        remove_root(root)
+        engine.close(wait=False)
 
 
 @pytest.fixture(scope="session")
