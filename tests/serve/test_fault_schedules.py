@@ -47,6 +47,7 @@ def _round(server, n: int = 8, c: int = 4) -> list[int]:
         return list(pool.map(lambda _: server.request("POST", INFER, body, headers)[0], range(n)))
 
 
+@pytest.mark.slow
 def test_fault_schedules_lose_nothing_while_a_backend_works_and_readiness_tells_the_truth(serve, nano_build):
     server = serve(nano_build, env={"VEO_EDGE_FAULTS": json.dumps(FAULTS)})
 
