@@ -135,7 +135,7 @@ class Fallback:
     def counters(self) -> dict[str, Any]:
         """Faults by backend and kind, retries by the backend they ran on and outcome, switches, standby."""
         with self._lock:
-            standby = min((k for k in self._held if k != self._active), default=None)
+            standby = min((k for k in tuple(self._held) if k != self._active), default=None)
             return {
                 **self.tally.snapshot(),
                 "fallback_switches": self.fallback_count,
@@ -212,7 +212,7 @@ class Fallback:
         with self.gate.shared():
             active = self._active
             for j in range(len(self.names) if active is None else active + 1, len(self.names)):
-                if self._closed or any(k > j for k in self._held) or self._standby(j) is not None:
+                if self._closed or any(k > j for k in tuple(self._held)) or self._standby(j) is not None:
                     return
 
     def _prepare_in_background(self) -> None:
@@ -295,10 +295,10 @@ class Fallback:
         self.tally.fault(name, kind)
         with self._lock:
             held.failures += 1
-            if kind != "device_lost" and held.failures < SWITCH_AFTER:
-                return
+            if not self.fallback or (kind != "device_lost" and held.failures < SWITCH_AFTER):
+                return  # without fallback a failure is the caller's error and nothing moves
             if index == self._active:
-                if kind == "device_lost" or any(k > index for k in self._held):
+                if kind == "device_lost" or any(k > index for k in tuple(self._held)):
                     self._due = self._due or (index, held.runner, error)
                 return
             if self._held.get(index) is not held:
@@ -338,7 +338,7 @@ class Fallback:
         release(held.runner, failed)
         self._active = None
         self._set_status(failed, "failed", reason)
-        standby = min((k for k in self._held if k > index), default=None)
+        standby = min((k for k in tuple(self._held) if k > index), default=None)
         if standby is not None:  # warm already: traffic moves at once
             self._active = standby
             self._set_status(self.names[standby], "active")
@@ -371,7 +371,7 @@ class Fallback:
                 if old is not None:
                     self._set_status(self.names[old], "standby")
                 self._use(runner, i)
-                for k in sorted(k for k in self._held if k > i)[1:]:  # one standby is enough
+                for k in sorted(k for k in tuple(self._held) if k > i)[1:]:  # one standby is enough
                     release(self._held.pop(k).runner, self.names[k])
                     self._set_status(self.names[k], "untried")
                 with self._lock:
@@ -392,7 +392,7 @@ class Fallback:
         """Release every activated runner (under the exclusive side of the gate); none is active after."""
         with self.gate:
             self._closed = True
-            for k in sorted(self._held):
+            for k in sorted(tuple(self._held)):
                 release(self._held.pop(k).runner, self.names[k])
             for runner in self._retired:
                 release(runner, runner.name)
