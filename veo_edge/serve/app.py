@@ -310,10 +310,27 @@ class InferenceService:
             return None
 
     async def infer(
-        self, name: str, version: str | None, request: InferRequest, arrival: Any = None
+        self,
+        name: str,
+        version: str | None,
+        request: InferRequest,
+        arrival: Any = None,
+        protocol: str = "http",
     ) -> dict[str, np.ndarray]:
         """Run a parsed request; returns output name -> array (batch first). ProtocolError on failure.
-        ``arrival``: what :meth:`expect` returned for this request, if the transport announced it."""
+        ``arrival``: what :meth:`expect` returned for this request, if the transport announced it;
+        ``protocol``: the transport it came over, counted with its outcome (``/metrics``)."""
+        try:
+            outputs = await self._infer(name, version, request, arrival)
+        except ProtocolError as e:
+            self.counters.infer_requests[(protocol, e.status)] += 1
+            raise
+        self.counters.infer_requests[(protocol, 200)] += 1
+        return outputs
+
+    async def _infer(
+        self, name: str, version: str | None, request: InferRequest, arrival: Any
+    ) -> dict[str, np.ndarray]:
         model = self.model_spec(name, version)
         runtime = self.runtime
         if runtime is None:

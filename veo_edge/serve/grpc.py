@@ -250,7 +250,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             except ProtocolError:
                 self.service.counters.infer_rejected["INVALID"] += 1
                 raise
-            outputs = await self.service.infer(request.model_name, version, parsed, arrival)
+            outputs = await self.service.infer(request.model_name, version, parsed, arrival, "grpc")
         except ProtocolError as e:
             await context.abort(STATUS_CODES.get(e.status, grpc.StatusCode.UNKNOWN), str(e))
         finally:
