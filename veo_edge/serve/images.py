@@ -226,10 +226,18 @@ class ImageModels:
     def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
         config = self.inner.model_config(self._base(name), version)
         if name in self.companions:
-            # Triton's dims leave out the batch axis: [-1] with batching is one string per sample
-            entry = {"name": self.model_spec(name).inputs[0].name, "data_type": "TYPE_STRING", "dims": [1]}
-            entry |= {"format": "FORMAT_NONE", "reshape": {"shape": []}}
-            config = {**config, "name": name, "input": [entry]}
+            # max_batch_size 0: the declared shapes are whole, [-1] is the pictures' axis (as the metadata
+            # says); the model behind it still batches them with other requests' samples
+            spec = self.model_spec(name)
+            entry = {
+                "name": spec.inputs[0].name,
+                "data_type": "TYPE_STRING",
+                "format": "FORMAT_NONE",
+                "dims": [-1],
+            }
+            outputs = [{**o, "dims": [-1, *o["dims"]]} for o in config["output"]]
+            config = {**config, "name": name, "max_batch_size": 0, "input": [entry], "output": outputs}
+            config.pop("dynamic_batching", None)
             config["instance_group"] = [{**g, "name": name} for g in config.get("instance_group", [])]
         return config
 
@@ -249,6 +257,8 @@ class ImageModels:
         """The wrapped statistics; a companion reports its model's, with the decode time as compute_input."""
         if name is not None:
             stats = self.inner.statistics(self._base(name), version)
+            if name not in self.companions:
+                return stats
             return {"model_stats": [self._decode_stats(s, name) for s in stats["model_stats"]]}
         stats = self.inner.statistics()
         entries = list(stats["model_stats"])
@@ -257,8 +267,12 @@ class ImageModels:
         return {"model_stats": entries}
 
     def _decode_stats(self, entry: dict[str, Any], name: str) -> dict[str, Any]:
-        count, ns = self.decode_ns[self._base(name)]
-        inference = {**entry["inference_stats"], "compute_input": {"count": count, "ns": ns}}
+        """``entry`` renamed, with the pictures' decode time as ``compute_input``: its count is every
+        request's (Triton counts each stage once a request; perf_analyzer requires them equal), its
+        time the pictures'."""
+        ns = self.decode_ns[self._base(name)][1]
+        stages = entry["inference_stats"]
+        inference = {**stages, "compute_input": {"count": stages["compute_infer"]["count"], "ns": ns}}
         return {**entry, "name": name, "inference_stats": inference}
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
