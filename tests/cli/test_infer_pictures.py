@@ -38,6 +38,7 @@ def _infer(capsys, *args) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+@pytest.mark.slow
 def test_pictures_of_digits_get_their_label_names(hf_digits, tmp_path, capsys) -> None:
     files, want = [], []
     for i, fmt in enumerate(FORMATS):
@@ -56,6 +57,7 @@ def test_pictures_of_digits_get_their_label_names(hf_digits, tmp_path, capsys) -
     assert code == 0 and f"{files[0]}: {want[0]} (" in out
 
 
+@pytest.mark.slow
 def test_what_infer_refuses_is_one_line(hf_digits, hf_video, tmp_path, capsys) -> None:
     (tmp_path / "note.png").write_text("not a picture")
     code, _, err = _infer(capsys, hf_digits, "--image", tmp_path / "note.png")
@@ -75,6 +77,7 @@ def _frames(n: int) -> list:
     return [Image.fromarray(np.roll(base, 3 * t, axis=1)) for t in range(n)]
 
 
+@pytest.mark.slow
 def test_a_clip_as_frames_and_as_a_video_file_gives_the_models_answer(hf_video, tmp_path, capsys) -> None:
     import av
     import torch

@@ -32,6 +32,7 @@ def test_the_committed_checkpoint_is_small_and_complete() -> None:
     assert sum(files.values()) < 500_000, files  # float16 weights: 0.42 MB
 
 
+@pytest.mark.slow
 def test_the_trained_digits_checkpoint_builds_to_vit_digits_accuracy(hf_digits: Path) -> None:
     """The build's OpenVINO IR (f32, stated) on the 540 held-out scans, each rendered as a picture and
     preprocessed as the manifest says, against vit-digits' own accuracy on the same split."""

@@ -47,6 +47,7 @@ def _expected(y: np.ndarray) -> list[str]:
     return [f"digit {d}" for d in y]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "BMP"])
 def test_pictures_of_any_size_over_http_answer_the_digits_label_names(server, fmt) -> None:
     pictures, y = digit_pictures(6, fmt, size=40)  # 40x40: the processor brings them to 32x32
@@ -59,6 +60,7 @@ def test_pictures_of_any_size_over_http_answer_the_digits_label_names(server, fm
     client.close()
 
 
+@pytest.mark.slow
 def test_logits_from_pictures_equal_logits_from_the_preprocessed_tensor_over_grpc(server, hf_digits) -> None:
     from PIL import Image
 
@@ -85,6 +87,7 @@ def test_logits_from_pictures_equal_logits_from_the_preprocessed_tensor_over_grp
     client.close()
 
 
+@pytest.mark.slow
 def test_the_image_companion_is_listed_with_one_bytes_input(server) -> None:
     client = httpclient.InferenceServerClient(server.url)
     index = {m["name"]: m["state"] for m in client.get_model_repository_index()}
@@ -112,6 +115,7 @@ def test_the_image_companion_is_listed_with_one_bytes_input(server) -> None:
     client.close()
 
 
+@pytest.mark.slow
 def test_a_curl_request_json_base64_and_one_raw_file(server) -> None:
     """What docs/serving.md shows: one file sent raw after the JSON header, and base64 in JSON."""
     pictures, y = digit_pictures(2, "PNG")
@@ -173,6 +177,7 @@ def _http_error(client, model: str, pictures: list[bytes]) -> str:
     return info.value.message()
 
 
+@pytest.mark.slow
 def test_bad_pictures_are_400s_and_the_server_keeps_serving(server) -> None:
     good, y = digit_pictures(1, "JPEG")
     client = httpclient.InferenceServerClient(server.url)
