@@ -189,9 +189,8 @@ def test_bad_pictures_are_400s_and_the_server_keeps_serving(server) -> None:
     msg = _http_error(client, MODEL + "_image", [_bomb_png(8000)])
     assert "8000x8000 = 64,000,000 pixels, over the limit of 40,000,000" in msg
     msg = _http_error(client, "vit-nano", [good[0]])
-    assert (
-        "model 'vit-nano' was built without preprocessing, so it takes only input: FP32[N, 3, 32, 32]" in msg
-    )
+    assert "has datatype 'BYTES', expected FP32: model 'vit-nano' was built without preprocessing" in msg
+    assert "so it takes only input: FP32[N, 3, 32, 32], not encoded pictures" in msg
     with pytest.raises(InferenceServerException, match="unknown model 'vit-nano_image'"):
         client.get_model_metadata("vit-nano_image")
     # still serving, and the refusals were counted as invalid requests

@@ -53,9 +53,9 @@ def _check(spec: TensorSpec, model: ModelSpec, datatype: str, shape: Any) -> int
     prep = model.preprocess
     if prep is None:
         raise ProtocolError(
-            f"input {name!r} is BYTES (encoded pictures), but model {model.name!r} was built without "
-            f"preprocessing, so it takes only {spec.describe()}; send the tensor, or build with --hf so "
-            "that the build records the checkpoint's preprocessing"
+            f"input {name!r} has datatype 'BYTES', expected {spec.datatype}: model {model.name!r} was built "
+            f"without preprocessing, so it takes only {spec.describe()}, not encoded pictures; send the "
+            "tensor, or build with --hf so that the build records the checkpoint's preprocessing"
         )
     if prep.num_frames is not None:
         raise ProtocolError(
