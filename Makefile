@@ -34,5 +34,7 @@ lint:
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 
+# two workers (pytest-xdist): a test file stays on one worker, the Docker tests share one (tests/conftest.py);
+# the ten slowest tests are printed at the end
 test: setup plugins lint
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n 2 --dist loadgroup --durations=10
