@@ -3,7 +3,8 @@
 pictures of the digits test split as files.
 
 Test modules in several folders share these builds: each declares a session fixture calling
-:func:`hf_digits_build` / :func:`hf_video_build`, which build into the session's base temp folder once.
+:func:`hf_digits_build` / :func:`hf_video_build`, which build once for the run (every xdist worker's
+fixture gets the same directory).
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ FORMATS = ("PNG", "JPEG", "WEBP", "BMP")
 
 
 def _once(tmp_path_factory, name: str, make) -> Path:
-    out = tmp_path_factory.getbasetemp() / "hf-builds" / name
-    if not (out / "manifest.json").is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        make(out)
-    return out
+    """``make(out)`` once for the whole run, across xdist workers too (``tests/conftest.py``'s ``shared``)."""
+    from tests.conftest import shared
+
+    def in_folder(root: Path) -> None:
+        root.mkdir(parents=True)
+        make(root / name)
+
+    return shared(tmp_path_factory, name, in_folder) / name
 
 
 def hf_digits_build(tmp_path_factory) -> Path:
