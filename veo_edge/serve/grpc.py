@@ -105,6 +105,11 @@ def parse_infer_request(msg: Any, model: ModelSpec) -> InferRequest:
             )
         if tensor.name in arrays:
             raise ProtocolError(f"input {tensor.name!r} is given twice")
+        if "BYTES" in (tensor.datatype, spec.datatype):  # encoded pictures: serve/images.py
+            from veo_edge.serve.images import parse_grpc_pictures
+
+            arrays[tensor.name] = parse_grpc_pictures(tensor, raw[i] if raw else None, spec, model)
+            continue
         if tensor.datatype != spec.datatype:
             raise ProtocolError(
                 f"input {tensor.name!r} has datatype {tensor.datatype!r}, expected {spec.datatype}"

@@ -12,6 +12,7 @@ from typing import Any
 
 from veo_edge.serve.app import InferenceService, ServeOptions
 from veo_edge.serve.http import HttpApp
+from veo_edge.serve.images import ImageModels
 from veo_edge.serve.metrics import start_metrics_server
 from veo_edge.serve.repository import ModelSet
 from veo_edge.serve.transport import HttpServer
@@ -37,6 +38,7 @@ async def serve_async(
         for name, rt in runtimes.items()
     }
     service: Any = next(iter(services.values())) if len(services) == 1 else ModelSet(services)
+    service = ImageModels(service)  # encoded pictures in, <name>_image companions (serve/images.py)
     await service.start()
     app = HttpApp(service, options.limits)
     app.prestart_decoder()

@@ -118,6 +118,11 @@ def parse_infer_request(
         if name in arrays:
             raise ProtocolError(f"input {name!r} is given twice")
         datatype = expect(item.get("datatype"), str, f"input {name!r} 'datatype'")
+        if "BYTES" in (datatype, spec.datatype):  # encoded pictures: serve/images.py
+            from veo_edge.serve.images import parse_http_pictures
+
+            arrays[name], offset = parse_http_pictures(item, spec, model, tail, offset)
+            continue
         if datatype != spec.datatype:
             raise ProtocolError(f"input {name!r} has datatype {datatype!r}, expected {spec.datatype}")
         shape = _check_shape(spec, item.get("shape"), model.max_batch)

@@ -78,14 +78,21 @@ class ModelSpec:
     outputs: tuple[TensorSpec, ...]
     max_batch: int
     version: str = "1"
+    #: how a picture becomes the input (a :class:`~veo_edge.preprocess.Preprocess`), when the build records
+    #: it: the model then also takes encoded pictures as BYTES (see :mod:`veo_edge.serve.images`)
+    preprocess: Any = field(default=None, compare=False)
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], name: str | None = None) -> ModelSpec:
+        from veo_edge.preprocess import Preprocess
+
+        prep = manifest.get("preprocess")
         return cls(
             name=name or manifest["model"]["name"],
             inputs=tuple(TensorSpec.from_manifest(e) for e in manifest["inputs"]),
             outputs=tuple(TensorSpec.from_manifest(e) for e in manifest["outputs"]),
             max_batch=int(manifest["max_batch"]),
+            preprocess=Preprocess.from_manifest(prep) if prep else None,
         )
 
 
