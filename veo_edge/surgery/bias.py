@@ -94,7 +94,7 @@ def peel(
                     raise MatchFailure(
                         "scores_matmul", "the softmax reads a sum of constants, not Q·Kᵀ plus a bias"
                     )
-                other = next((x for x in (a, b) if _reaches_matmul(x) is False), b)
+                other = b if _reaches_matmul(a) else a  # name the operand that is not the scores
                 raise MatchFailure(
                     "input_bias",
                     f"the term added to the scores before the softmax ({_origin(other)}) depends on the "
@@ -163,6 +163,8 @@ def materialize(
     is the shortest period of the bias over the attention batch: 1 when every batch adds the same, the
     number of windows of an image for Swin's masks; a bias that differs between the images of the batch
     is refused."""
+    if not terms:
+        raise ValueError("materialize needs at least one bias term")
     total: np.ndarray | None = None
     for term in terms:
         v = const_value(term.tensor)
@@ -174,7 +176,6 @@ def materialize(
         if v.ndim > 4:
             raise MatchFailure("bias_shape", f"an additive term has rank {v.ndim} ({v.shape}), expected <= 4")
         total = v if total is None else total + v
-    assert total is not None
     total = total.reshape((1,) * (4 - total.ndim) + total.shape)
     b, hb, s1, s2 = total.shape
     if b not in (1, batch) or hb not in (1, num_heads) or s1 not in (1, seq) or s2 not in (1, seq):
@@ -185,7 +186,7 @@ def materialize(
         )
     total = np.broadcast_to(total, (b, hb, seq, seq))
     period = _period(total)
-    if b > 1 and period == b and b > 1:
+    if b > 1 and period == b:
         raise MatchFailure(
             "bias_shape",
             f"the bias differs for every one of the {b} attention batches of the seeded run (two images): it "
