@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from veo_edge.errors import UsageError, VeoEdgeError
+from veo_edge.errors import VeoEdgeError
 
 log = logging.getLogger("veo_edge.serve")
 
@@ -304,13 +304,11 @@ class HttpServer:
         self.draining = False
         self._uvicorn: Any = None
 
-    def _config(self, host: str, port: int, drain_timeout_s: float) -> Any:
+    def _config(self, drain_timeout_s: float) -> Any:
         import uvicorn
 
         return uvicorn.Config(
             self.app,
-            host=host,
-            port=port,
             http=make_protocol(self.limits, self.on_reject),
             ws="none",
             lifespan="off",
@@ -325,28 +323,23 @@ class HttpServer:
         )
 
     async def serve(
-        self, host: str, port: int, drain_timeout_s: float, on_listening: Callable[[int], None], on_drain: Any
+        self, sock: Any, drain_timeout_s: float, on_listening: Callable[[int], None], on_drain: Any
     ) -> None:
-        """Listen; call ``on_listening(port)``; serve until a signal; ``on_drain()`` when the drain begins."""
+        """Serve on the listening socket ``sock`` (see :func:`veo_edge.serve.listen.bind_http`); call
+        ``on_listening(port)``; serve until a signal; ``on_drain()`` when the drain begins."""
 
         def begin_drain() -> None:
             self.draining = True
             on_drain()
 
-        self._uvicorn = _Server(self._config(host, port, drain_timeout_s), begin_drain).server
-        task = asyncio.ensure_future(self._uvicorn.serve())
+        self._uvicorn = _Server(self._config(drain_timeout_s), begin_drain).server
+        task = asyncio.ensure_future(self._uvicorn.serve(sockets=[sock]))
         while not self._uvicorn.started:
-            if task.done():  # bind failed: uvicorn logged why and exits
-                try:
-                    await task
-                except SystemExit as e:
-                    raise UsageError(
-                        f"cannot listen on {host}:{port} (see the error above); choose a free --port or --host"
-                    ) from e
+            if task.done():  # start-up failed: uvicorn logged why
+                await task
                 return
             await asyncio.sleep(0.01)
-        bound = self._uvicorn.servers[0].sockets[0].getsockname()[1]
-        on_listening(bound)
+        on_listening(int(sock.getsockname()[1]))
         await task
 
     def stop(self) -> None:
