@@ -127,7 +127,7 @@ def nano_server(nano_build: Path, tmp_path_factory: pytest.TempPathFactory):
 
 #: the edge server's caps: small, so that the memory-bound test's bombs stay quick
 EDGE_MAX_REQUEST = 8 << 20
-EDGE_MAX_BUFFERED = 32 << 20
+EDGE_MAX_BUFFERED = 16 << 20
 
 
 @pytest.fixture(scope="session")

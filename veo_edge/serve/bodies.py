@@ -5,22 +5,23 @@
 
 - A body that arrives in one message is used as it came (no copy).
 - Otherwise it is written into one buffer of its final size (``Content-Length``), or, for chunked and
-  compressed bodies whose size shows only as they arrive, into one buffer of the per-request cap whose
-  pages the kernel provides only as they are written (``np.empty``: untouched pages take no memory).
+  compressed bodies whose size shows only as they arrive, into one buffer of the per-request cap; both
+  are anonymous mappings whose pages exist only once written and go back to the kernel with the body.
   No body is assembled twice, and the parser reads the tensor bytes where they lie.
-- Compressed bodies are inflated as they arrive, ``INFLATE_STEP`` bytes at a time: a gzip bomb is
-  refused once its inflated bytes reach a cap, holding at most that cap plus one step.
+- Compressed bodies are inflated as they arrive, ``INFLATE_STEP`` bytes at a time on the event loop
+  (which serves others between steps): a gzip bomb is refused once its inflated bytes reach a cap.
 
 So peak memory above idle stays within ``--max-buffered-bytes`` plus, per connection reading a body,
-the transport's read buffer (``Limits.read_high_water_bytes``, 1 MiB, and uvicorn's copy of it), one
-inflate step (1 MiB) and the partly written page (2 MiB where numpy asks for huge pages):
-``BODY_MARGIN_PER_CONNECTION`` (docs/serving.md states the bound; tests/serve/test_memory_bound.py
-holds the server to it).
+what the transport holds before the application reads it (``Limits.read_high_water_bytes``, 1 MiB,
+and uvicorn's copy of it while it appends): ``BODY_MARGIN_PER_CONNECTION``; one inflate step is in
+hand at a time (inflating runs on the loop, a step at a time). docs/serving.md states the bound;
+tests/serve/test_memory_bound.py holds the server to it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import mmap
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -29,12 +30,11 @@ import numpy as np
 
 from veo_edge.serve.transport import Limits
 
-#: bytes inflated per zlib call: the most a compressed body holds beyond what is counted
-INFLATE_STEP = 1 << 20
-#: inflated bytes produced per request before the steps move to a thread (zlib releases the GIL)
-INFLATE_INLINE = 256 << 10
+#: bytes inflated per zlib call (~1 ms of the event loop's time; it serves others between steps): the
+#: most a compressed body holds beyond what is counted, and only one step is in hand at a time
+INFLATE_STEP = 256 << 10
 #: what one connection reading a body may hold beyond the counted bytes (see the module's docstring)
-BODY_MARGIN_PER_CONNECTION = 6 << 20
+BODY_MARGIN_PER_CONNECTION = 2 << 20
 
 
 class HttpError(Exception):
@@ -80,7 +80,10 @@ class BodyBudget:
 
 
 class _Sink:
-    """The one buffer a body is assembled in; every byte is counted before it is written."""
+    """The one buffer a body is assembled in: an anonymous mapping of ``capacity`` bytes whose pages the
+    kernel provides only as they are written, and takes back the moment the body is dropped (a heap
+    buffer would leave freed pages resident, which the next body then "reuses" uncounted). Every byte is
+    counted in the budget before it is written."""
 
     def __init__(self, budget: BodyBudget, capacity: int, limit: int, what: str) -> None:
         self.budget, self.limit, self.what = budget, limit, what
@@ -95,7 +98,7 @@ class _Sink:
         self.budget.take(n, self.size)
         self.size += n
         if self.buf is None:
-            self.buf = np.empty(self.capacity, np.uint8)  # pages become memory only as they are written
+            self.buf = np.frombuffer(mmap.mmap(-1, max(self.capacity, 1)), np.uint8)
         self.buf[self.size - n : self.size] = np.frombuffer(data, np.uint8)
 
     def body(self) -> Any:
@@ -175,13 +178,12 @@ class _Inflater:
     async def feed(self, chunk: bytes) -> None:
         data = chunk
         while data and not self.d.eof:
-            if self.sink.size < INFLATE_INLINE:
-                out = self._step(data)
-            else:  # large bodies inflate on a thread while the loop serves others
-                out = await asyncio.to_thread(self._step, data)
+            out = self._step(data)
             if out:
                 self.sink.write(out)
             data = self.d.unconsumed_tail
+            if data:  # more to inflate from this chunk: let the loop serve others meanwhile
+                await asyncio.sleep(0)
 
     def finish(self) -> Any:
         if not self.d.eof:
