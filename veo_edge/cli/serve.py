@@ -90,6 +90,7 @@ def serve(
     from veo_edge.runtime.runtime import Runtime
     from veo_edge.serve.app import ServeOptions
     from veo_edge.serve.control import load_token, make_policy
+    from veo_edge.serve.listen import check_free
     from veo_edge.serve.repository import find_models
     from veo_edge.serve.server import serve_async
     from veo_edge.serve.transport import Limits
@@ -145,6 +146,7 @@ def serve(
 
         return make
 
+    check_free(host, {"--port": port, "--grpc-port": grpc_port, "--metrics-port": metrics_port})
     makers = {entry.name: runtime_for(entry.build) for entry in find_models(build_dirs, model_name)}
     # the ports are bound first (a taken one fails at once), then each model's runtime is made
     raise typer.Exit(_run(serve_async(None, options, make_runtime=makers)))

@@ -28,10 +28,22 @@ def bind_http(
     except OSError as e:
         sock.close()
         raise UsageError(
-            f"cannot listen for {what} on {host}:{port}: {e.strerror or e}; choose another {flag} "
-            "(0: any free port)"
+            f"cannot listen for {what} on {host}:{port}: {e.strerror or e}; {_choose(flag)}"
         ) from e
     return sock
+
+
+def _choose(flag: str) -> str:
+    return f"choose another {flag} (0: any free port{'' if flag == '--port' else '; -1: off'})"
+
+
+def check_free(host: str, ports: dict[str, int | None]) -> None:
+    """Fail at once, before any build is read, when a port (flag -> port; 0 or None: nothing to check) is
+    taken; the binds that follow stay the real test (and clean up after themselves)."""
+    what = {"--port": "HTTP", "--grpc-port": "gRPC", "--metrics-port": "metrics"}
+    for flag, port in ports.items():
+        if port:
+            bind_http(host, port, what=what.get(flag, flag), flag=flag).close()
 
 
 class _Forward:
@@ -114,7 +126,6 @@ def _start_metrics(source: Any, host: str, port: int) -> Any:
         server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as e:
         raise UsageError(
-            f"cannot listen for metrics on {host}:{port}: {e.strerror or e}; choose another --metrics-port "
-            "(-1: off)"
+            f"cannot listen for metrics on {host}:{port}: {e.strerror or e}; {_choose('--metrics-port')}"
         ) from e
     return server
