@@ -10,7 +10,9 @@ UNAVAILABLE, ...) with its message as the details.
 
 Implemented: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelConfig,
 ModelStatistics and ModelInfer (``raw_input_contents`` / ``raw_output_contents``, or the typed
-``contents`` fields). The shared-memory, repository, trace, log and streaming RPCs answer UNIMPLEMENTED.
+``contents`` fields; shared-memory tensors), and in :mod:`veo_edge.serve.grpc_extensions` the repository
+and shared-memory RPCs and the access policy. Trace, log and streaming RPCs answer UNIMPLEMENTED.
+ModelInfer reads ``raw_input_contents`` where they arrived (:func:`deserialize_infer_request`).
 """
 
 from __future__ import annotations
@@ -75,10 +77,67 @@ def _fits(spec_shape: tuple[int, ...], shape: list[int]) -> bool:
     )
 
 
-def parse_infer_request(msg: Any, model: ModelSpec) -> InferRequest:
-    """A checked :class:`InferRequest` from a ``ModelInferRequest``; :class:`ProtocolError` (400) otherwise."""
+#: ``ModelInferRequest.raw_input_contents``: its field number, and the service's name
+_RAW_INPUT_CONTENTS = 7
+SERVICE = "inference.GRPCInferenceService"
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("truncated or overlong varint")
+        b = data[pos]
+        value |= (b & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if not b & 0x80:
+            return value, pos
+
+
+def deserialize_infer_request(data: bytes) -> tuple[Any, list[memoryview]]:
+    """A ``ModelInferRequest`` whose ``raw_input_contents`` stay where they arrived, as memoryviews of
+    ``data`` (protobuf would copy each tensor twice: into its arena, then out again on access); the rest
+    of the message (names, shapes, parameters: a few hundred bytes) is parsed by protobuf. Our own reading
+    of the wire format's top level because protobuf's Python API has no zero-copy bytes field."""
+    view, raw, rest, pos = memoryview(data), [], [], 0
+    while pos < len(data):
+        start = pos
+        tag, pos = _varint(data, pos)
+        wire = tag & 7
+        if wire == 2:  # length-delimited
+            length, pos = _varint(data, pos)
+            if pos + length > len(data):
+                raise ValueError("a field runs past the end of the message")
+            pos += length
+            if tag >> 3 == _RAW_INPUT_CONTENTS:
+                raw.append(view[pos - length : pos])
+                continue
+        elif wire == 0:
+            pos = _varint(data, pos)[1]
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        rest.append(view[start:pos])
+    return service_pb2.ModelInferRequest.FromString(b"".join(rest)), raw
+
+
+def _deserialize_or_refuse(data: bytes) -> tuple[Any, Any]:
+    """:func:`deserialize_infer_request`, with a malformed message as (None, why): ModelInfer answers it
+    INVALID_ARGUMENT rather than grpcio UNKNOWN with a logged traceback."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        return deserialize_infer_request(data)
+    except (ValueError, DecodeError) as e:
+        return None, f"the ModelInferRequest is malformed: {e}"
+
+
+def parse_infer_request(msg: Any, model: ModelSpec, raw: Any = None) -> InferRequest:
+    """A checked :class:`InferRequest` from a ``ModelInferRequest`` (and its raw contents, when
+    :func:`deserialize_infer_request` took them out); :class:`ProtocolError` (400) otherwise."""
     specs = {s.name: s for s in model.inputs}
-    raw = msg.raw_input_contents
+    raw = msg.raw_input_contents if raw is None else raw
     refs = [shm_ref({k: _param(v) for k, v in t.parameters.items()}, f"input {t.name!r}") for t in msg.inputs]
     in_body = sum(ref is None for ref in refs)
     if raw and len(raw) != in_body:
@@ -243,13 +302,16 @@ class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServic
         return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
+        request, raw = request if isinstance(request, tuple) else (request, None)
+        if request is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, raw)
         version = _version(request.model_version)
         arrival = self.service.expect(request.model_name)  # a batch forming now may wait for it
         lease = None
         try:
             model = self.service.model_spec(request.model_name, version)
             try:
-                parsed = parse_infer_request(request, model)
+                parsed = parse_infer_request(request, model, raw)
                 lease = self.shm.attach(parsed)  # shared-memory inputs become arrays; 400 for a bad region
             except ProtocolError:
                 self.service.counters.infer_rejected["INVALID"] += 1
@@ -307,11 +369,38 @@ class GrpcServer:
 
     async def start(self, service: Any) -> None:
         """Serve ``service`` (one model or several) on the bound port."""
-        servicer = InferenceServicer(service, self.shm, self.access)
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
+        handlers = _handlers(InferenceServicer(service, self.shm, self.access))
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        if hasattr(self._server, "add_registered_method_handlers"):  # grpcio >= 1.63: looked up first
+            self._server.add_registered_method_handlers(SERVICE, handlers)
         await self._server.start()
 
     async def stop(self, grace_s: float | None) -> None:
         if self._server is not None:
             server, self._server = self._server, None
             await server.stop(grace_s)
+
+
+def _handlers(servicer: Any) -> dict[str, Any]:
+    """The generated stubs' method handlers, with ModelInfer reading its tensors in place
+    (:func:`deserialize_infer_request`)."""
+
+    class Capture:  # what the generated registration hands a server
+        def __init__(self) -> None:
+            self.handlers: dict[str, Any] = {}
+
+        def add_generic_rpc_handlers(self, generic: Any) -> None:
+            pass
+
+        def add_registered_method_handlers(self, name: str, handlers: dict[str, Any]) -> None:
+            self.handlers = dict(handlers)
+
+    capture = Capture()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, capture)
+    handlers = capture.handlers
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        servicer.ModelInfer,
+        request_deserializer=_deserialize_or_refuse,
+        response_serializer=service_pb2.ModelInferResponse.SerializeToString,
+    )
+    return handlers

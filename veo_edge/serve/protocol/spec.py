@@ -44,10 +44,17 @@ class ProtocolError(InputError):
 
 def datatype_of(dtype: str | np.dtype) -> str:
     """Protocol datatype name of a numpy dtype (``float32`` -> ``FP32``)."""
+    known = _DATATYPE_CACHE.get(dtype)  # every response asks; numpy's dtype.name is Python code
+    if known is not None:
+        return known
     name = np.dtype(dtype).name
     if name not in _NUMPY_TO_DATATYPE:
         raise ProtocolError(f"numpy dtype {name} has no Open Inference Protocol datatype")
+    _DATATYPE_CACHE[dtype] = _NUMPY_TO_DATATYPE[name]
     return _NUMPY_TO_DATATYPE[name]
+
+
+_DATATYPE_CACHE: dict[str | np.dtype, str] = {}
 
 
 @dataclass(frozen=True)
