@@ -1,11 +1,13 @@
 """The KServe v2 / Triton HTTP routes as a plain ASGI application over :class:`InferenceService`.
 
 uvicorn (see :mod:`veo_edge.serve.transport`) parses HTTP/1.1 and frames bodies (``Content-Length`` or
-chunked); this module reads them within the per-request cap (413) and a global cap on the bytes held
-across all connections (503), inflates gzip/deflate bodies, routes by a fixed table (metrics are
-labelled by route name, never by the path a client sent), decodes large JSON heads in a worker process
-so the event loop keeps answering probes, and writes JSON or binary-tensor responses. ``HEAD`` is
-answered like ``GET`` without a body (uvicorn drops it).
+chunked); :mod:`veo_edge.serve.bodies` reads them within the per-request cap (413) and the cap on bytes
+held across all connections (503), inflating gzip/deflate as they arrive. This module checks the access
+policy before a body is read (:mod:`veo_edge.serve.control`: 401/403), routes by a fixed table (metrics
+are labelled by route name, never by the path a client sent), resolves shared-memory tensors
+(:mod:`veo_edge.serve.shm`), decodes large JSON heads in a worker process so the event loop keeps
+answering probes, and writes JSON or binary-tensor responses. ``HEAD`` is answered like ``GET`` without
+a body (uvicorn drops it).
 """
 
 from __future__ import annotations
