@@ -219,7 +219,7 @@ def test_infer_request_read_in_place_matches_protobuf(two_models) -> None:
     import grpc
     from tritonclient.grpc import service_pb2
 
-    from veo_edge.serve.grpc import deserialize_infer_request
+    from veo_edge.serve.grpc_wire import deserialize_infer_request
 
     msg = service_pb2.ModelInferRequest(
         model_name="vit-nano", id="r1", raw_input_contents=[b"ab", b"\0" * 300]

@@ -12,7 +12,7 @@ Implemented: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
 ModelStatistics and ModelInfer (``raw_input_contents`` / ``raw_output_contents``, or the typed
 ``contents`` fields; shared-memory tensors), and in :mod:`veo_edge.serve.grpc_extensions` the repository
 and shared-memory RPCs and the access policy. Trace, log and streaming RPCs answer UNIMPLEMENTED.
-ModelInfer reads ``raw_input_contents`` where they arrived (:func:`deserialize_infer_request`).
+ModelInfer reads ``raw_input_contents`` where they arrived (:mod:`veo_edge.serve.grpc_wire`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from veo_edge.errors import UsageError
 from veo_edge.serve.control import AccessPolicy
 from veo_edge.serve.grpc_extensions import AccessInterceptor, ExtensionsServicer, status_code
+from veo_edge.serve.grpc_wire import deserialize_or_refuse
 from veo_edge.serve.protocol import (
     DATATYPES,
     InferRequest,
@@ -77,65 +78,12 @@ def _fits(spec_shape: tuple[int, ...], shape: list[int]) -> bool:
     )
 
 
-#: ``ModelInferRequest.raw_input_contents``: its field number, and the service's name
-_RAW_INPUT_CONTENTS = 7
 SERVICE = "inference.GRPCInferenceService"
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise ValueError("truncated or overlong varint")
-        b = data[pos]
-        value |= (b & 0x7F) << shift
-        pos, shift = pos + 1, shift + 7
-        if not b & 0x80:
-            return value, pos
-
-
-def deserialize_infer_request(data: bytes) -> tuple[Any, list[memoryview]]:
-    """A ``ModelInferRequest`` whose ``raw_input_contents`` stay where they arrived, as memoryviews of
-    ``data`` (protobuf would copy each tensor twice: into its arena, then out again on access); the rest
-    of the message (names, shapes, parameters: a few hundred bytes) is parsed by protobuf. Our own reading
-    of the wire format's top level because protobuf's Python API has no zero-copy bytes field."""
-    view, raw, rest, pos = memoryview(data), [], [], 0
-    while pos < len(data):
-        start = pos
-        tag, pos = _varint(data, pos)
-        wire = tag & 7
-        if wire == 2:  # length-delimited
-            length, pos = _varint(data, pos)
-            if pos + length > len(data):
-                raise ValueError("a field runs past the end of the message")
-            pos += length
-            if tag >> 3 == _RAW_INPUT_CONTENTS:
-                raw.append(view[pos - length : pos])
-                continue
-        elif wire == 0:
-            pos = _varint(data, pos)[1]
-        elif wire in (1, 5):
-            pos += 8 if wire == 1 else 4
-        else:
-            raise ValueError(f"unsupported wire type {wire}")
-        rest.append(view[start:pos])
-    return service_pb2.ModelInferRequest.FromString(b"".join(rest)), raw
-
-
-def _deserialize_or_refuse(data: bytes) -> tuple[Any, Any]:
-    """:func:`deserialize_infer_request`, with a malformed message as (None, why): ModelInfer answers it
-    INVALID_ARGUMENT rather than grpcio UNKNOWN with a logged traceback."""
-    from google.protobuf.message import DecodeError
-
-    try:
-        return deserialize_infer_request(data)
-    except (ValueError, DecodeError) as e:
-        return None, f"the ModelInferRequest is malformed: {e}"
 
 
 def parse_infer_request(msg: Any, model: ModelSpec, raw: Any = None) -> InferRequest:
     """A checked :class:`InferRequest` from a ``ModelInferRequest`` (and its raw contents, when
-    :func:`deserialize_infer_request` took them out); :class:`ProtocolError` (400) otherwise."""
+    :mod:`veo_edge.serve.grpc_wire` took them out); :class:`ProtocolError` (400) otherwise."""
     specs = {s.name: s for s in model.inputs}
     raw = msg.raw_input_contents if raw is None else raw
     refs = [shm_ref({k: _param(v) for k, v in t.parameters.items()}, f"input {t.name!r}") for t in msg.inputs]
@@ -383,7 +331,7 @@ class GrpcServer:
 
 def _handlers(servicer: Any) -> dict[str, Any]:
     """The generated stubs' method handlers, with ModelInfer reading its tensors in place
-    (:func:`deserialize_infer_request`)."""
+    (:mod:`veo_edge.serve.grpc_wire`)."""
 
     class Capture:  # what the generated registration hands a server
         def __init__(self) -> None:
@@ -400,7 +348,7 @@ def _handlers(servicer: Any) -> dict[str, Any]:
     handlers = capture.handlers
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
         servicer.ModelInfer,
-        request_deserializer=_deserialize_or_refuse,
+        request_deserializer=deserialize_or_refuse,
         response_serializer=service_pb2.ModelInferResponse.SerializeToString,
     )
     return handlers
