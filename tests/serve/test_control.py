@@ -130,7 +130,14 @@ def test_a_policy_that_cannot_hold_is_refused_at_start(nano_build, args, env, me
         capture_output=True,
         text=True,
         timeout=120,
-        env={**{k: v for k, v in os.environ.items() if not k.startswith("VEO_EDGE_CONTROL")}, **env},
+        env={
+            **{
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(("VEO_EDGE_CONTROL", "VEO_EDGE_MODEL_CONTROL", "VEO_EDGE_RESTRICT"))
+            },
+            **env,
+        },
     )
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr

@@ -56,6 +56,7 @@ def serve(
     model_control_mode: str = typer.Option(
         "none",
         "--model-control-mode",
+        envvar="VEO_EDGE_MODEL_CONTROL_MODE",
         help="none: model load/unload are refused (403); explicit: they are on and need the control token.",
     ),
     control_token_file: Path = typer.Option(
@@ -68,6 +69,7 @@ def serve(
     restrict_api: str = typer.Option(
         None,
         "--restrict-api",
+        envvar="VEO_EDGE_RESTRICT_API",
         help="More API groups behind the token, comma-separated: health, metadata, inference, statistics, "
         "shared-memory, model-repository.",
     ),
