@@ -29,6 +29,7 @@ from veo_edge.errors import InputError, NoBackendError, OverloadedError, VeoEdge
 from veo_edge.export.canary import CanaryResult
 from veo_edge.runtime.batching import ClosedError
 from veo_edge.serve import extensions
+from veo_edge.serve.control import AccessPolicy
 from veo_edge.serve.health import canary_to_json, load_canary
 from veo_edge.serve.metrics import HttpCounters, ServeCollector, make_registry
 from veo_edge.serve.protocol import InferRequest, ModelSpec, ProtocolError, load_labels
@@ -55,6 +56,10 @@ class ServeOptions:
     metrics_port: int | None = None
     #: before serving (and after a repository load), warm every batch size: ``Runtime.warm_up``
     warmup: bool = False
+    #: Triton's shared-memory extension (``serve --shared-memory``; see :mod:`veo_edge.serve.shm`)
+    shared_memory: bool = False
+    #: model control mode and the API groups behind a bearer token (:mod:`veo_edge.serve.control`)
+    access: AccessPolicy = field(default_factory=AccessPolicy)
 
 
 class InferenceService:

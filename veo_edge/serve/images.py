@@ -297,7 +297,9 @@ class ImageModels:
             )
 
     # -- inference ------------------------------------------------------------------------------
-    async def infer(self, name: str, version: str | None, request: Any, arrival: Any = None) -> Any:
+    async def infer(
+        self, name: str, version: str | None, request: Any, arrival: Any = None, protocol: str = "http"
+    ) -> Any:
         base = self._base(name)
         encoded = [k for k, v in request.inputs.items() if v.dtype == object]
         if encoded:
@@ -313,7 +315,7 @@ class ImageModels:
             stat = self.decode_ns[base]
             stat[0] += 1
             stat[1] += time.perf_counter_ns() - start
-        return await self.inner.infer(base, version if name == base else None, request, arrival)
+        return await self.inner.infer(base, version if name == base else None, request, arrival, protocol)
 
     async def _decode(self, spec: ModelSpec, key: str, pictures: np.ndarray) -> np.ndarray:
         """Every picture of one input decoded and preprocessed at once on the pool; (N, C, H, W) f32."""
