@@ -7,7 +7,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PIP := $(PYTHON) -m pip
 
-.PHONY: setup demo plugins lint test
+.PHONY: setup demo plugins lint test arm64-check
 
 $(PYTHON):
 	$(BASE_PYTHON) -m venv $(VENV)
@@ -36,3 +36,8 @@ lint:
 
 test: setup plugins lint
 	$(PYTHON) -m pytest -q
+
+# arm64 images under QEMU + Dockerfile.jetson and the A100 image against stand-in bases (needs root,
+# Docker, network; ~30 min on 2 cores; not part of `make test`): tools/arm64-check.sh, docs/images.md
+arm64-check:
+	nice tools/arm64-check.sh

@@ -75,6 +75,7 @@ def test_arm_images_serve_f32() -> None:
         platforms.check_servable(served("int8"), "linux/arm64")
 
 
+@pytest.mark.slow
 def test_the_cpu_context_for_arm64(nano_build: Path, tmp_path: Path) -> None:
     """Platform and the base's Python reach build-args.json; every build arg is an ARG of the Dockerfile
     (the a100 and orin contexts, amd64 and arm64, are assembled in test_context.py)."""
@@ -110,6 +111,7 @@ def test_gpu_images_can_leave_the_plugin_libraries_out(target: str) -> None:
     assert '[ "$PLUGINS" != yes ] ||' in dockerfile
 
 
+@pytest.mark.slow
 def test_the_aarch64_runtime_resolves_to_wheels_of_that_platform(pypi) -> None:
     """Every runtime package of the cpu image has an aarch64 (or pure-Python) wheel for the base's Python,
     and OpenVINO is this machine's (2026's aarch64 wheel is manylinux_2_35: found only because every
