@@ -40,7 +40,8 @@ def server(
     """Start ``veo-edge serve BUILD --port 0 ARGS`` on 127.0.0.1, wait until ready, yield the port; SIGTERM at exit.
 
     ``env`` is added to the server's environment (``PYTHONPATH`` serves another checkout's code).
-    ``ports``: also gRPC and the metrics port on free ports; yields ``{"http", "grpc", "metrics"}`` ports."""
+    ``ports``: also gRPC and the metrics port on free ports; yields ``{"http", "grpc", "metrics"}`` ports
+    and the server's ``pid``."""
     if ports:
         args = ("--grpc-port", "0", "--metrics-port", "0", *args)
     with tempfile.NamedTemporaryFile("w+", suffix=".log") as log:
@@ -63,7 +64,12 @@ def server(
                 text = Path(log.name).read_text()
                 grpc = re.search(r"gRPC on 127\.0\.0\.1:(\d+)", text)
                 metrics = re.search(r"metrics on http://127\.0\.0\.1:(\d+)", text)
-                yield {"http": port, "grpc": int(grpc.group(1)), "metrics": int(metrics.group(1))}
+                yield {
+                    "http": port,
+                    "grpc": int(grpc.group(1)),
+                    "metrics": int(metrics.group(1)),
+                    "pid": proc.pid,
+                }
             else:
                 yield port
         finally:

@@ -2,7 +2,8 @@
 
     python bench/serve_limit.py [--build-dir DIR] [--model vit-tiny] [--concurrency 1,2,4,8]
                                 [--seconds 5] [--rounds 2] [--hint ADAPTIVE[,LATENCY,...]]
-                                [--perf-analyzer PATH]
+                                [--transports http,grpc,http-shm,grpc-shm] [--perf-analyzer PATH]
+                                [--base-tree OTHER_CHECKOUT]
                                 [--pytriton PYTHON]
 
 Rows, on the same OpenVINO IR (the one the build serves: f32, or its int8 IR; the compiles state f32):
@@ -15,11 +16,16 @@ Rows, on the same OpenVINO IR (the one the build serves: f32, or its int8 IR; th
   sample (a static shape runs faster than the IR's dynamic batch): ``raw sync b1 static``, and ``raw
   limit static b1`` with two infer requests per stream (one queued behind each running one). The rows
   report their share of both limits and their p50 against both syncs;
-- ``serve http|grpc cK``: one ``veo-edge serve`` process per ``--hint`` (its ``--performance-hint``; with
+- ``serve http|grpc[-shm] cK``: one ``veo-edge serve`` process per ``--hint`` (its ``--performance-hint``; with
   several hints the rows are ``HINT http|grpc cK``, all interleaved), K closed-loop clients
   sending batch-1 binary requests with ``tritonclient`` (threads) or, with ``--perf-analyzer``, with
-  Triton's perf_analyzer. Transports and concurrencies are interleaved, ``--rounds`` times; throughput is
+  Triton's perf_analyzer; ``-shm`` (``--transports``): inputs and outputs in system shared memory
+  (the server with ``--shared-memory``). Transports and concurrencies are interleaved, ``--rounds`` times; throughput is
   the median over rounds, latency percentiles pool every round.
+- ``base http|grpc cK`` (with ``--base-tree PATH``): the same server on another checkout's code
+  (``PYTHONPATH``), interleaved with ours: before/after a change in one window.
+- ``srv cpu/req``: the server process's CPU time per request in the cell (user + system, all threads),
+  which a busy machine disturbs far less than latency.
 - ``triton http|grpc cK`` (with ``--pytriton PYTHON``, a Python with nvidia-pytriton and openvino):
   Triton through PyTriton on the build's f32 IR, same 2 ms queue delay (``bench/pytriton_server.py``),
   interleaved with the rows above (for an int8 build: our int8 against Triton's f32).
@@ -115,42 +121,77 @@ def raw_limit(xml: str, x1: np.ndarray, batch: int, seconds: float, static: bool
     return {"samples_s": n * batch / (time.perf_counter() - start), "requests": nreq}
 
 
+class _ShmIO:
+    """One client's input and output regions (``-shm`` transports): the tensor crosses no socket."""
+
+    def __init__(self, tc, client, x: np.ndarray, tag: str) -> None:
+        import tritonclient.utils.shared_memory as shm
+
+        self.shm, self.client, self.tag = shm, client, tag
+        out_bytes = 64 << 10  # the logits of any built-in model
+        self.handles = [
+            shm.create_shared_memory_region(f"in-{tag}", f"/bench-in-{tag}", x.nbytes),
+            shm.create_shared_memory_region(f"out-{tag}", f"/bench-out-{tag}", out_bytes),
+        ]
+        shm.set_shared_memory_region(self.handles[0], [x])
+        client.register_system_shared_memory(f"in-{tag}", f"/bench-in-{tag}", x.nbytes)
+        client.register_system_shared_memory(f"out-{tag}", f"/bench-out-{tag}", out_bytes)
+        self.input = tc.InferInput("input", list(x.shape), "FP32")
+        self.input.set_shared_memory(f"in-{tag}", x.nbytes)
+        self.output = tc.InferRequestedOutput("logits")
+        self.output.set_shared_memory(f"out-{tag}", out_bytes)
+
+    def close(self) -> None:
+        for name in ("in", "out"):
+            self.client.unregister_system_shared_memory(f"{name}-{self.tag}")
+        for h in self.handles:
+            self.shm.destroy_shared_memory_region(h)
+
+
 def clients(transport: str, port: int, name: str, x: np.ndarray, k: int, seconds: float) -> dict:
-    if transport == "http":
+    """K closed-loop tritonclient clients (threads); transport http, grpc, http-shm or grpc-shm."""
+    if transport.startswith("http"):
         import tritonclient.http as tc
     else:
         import tritonclient.grpc as tc
 
     lat: list[float] = []
-    errors = [0]
+    errors, sent = [0], [0]
     lock = threading.Lock()
     start_at = time.perf_counter() + 0.5  # warm-up, not measured
     stop_at = start_at + seconds
 
-    def worker() -> None:
+    def worker(i: int) -> None:
         client = tc.InferenceServerClient(f"127.0.0.1:{port}")
-        inp = tc.InferInput("input", list(x.shape), "FP32")
-        inp.set_data_from_numpy(x)
-        mine, bad = [], 0
+        io = _ShmIO(tc, client, x, f"{os.getpid()}-{transport}-{i}") if transport.endswith("-shm") else None
+        inp = io.input if io else tc.InferInput("input", list(x.shape), "FP32")
+        if io is None:
+            inp.set_data_from_numpy(x)
+        outputs = [io.output] if io else None
+        mine, bad, n = [], 0, 0
         while (now := time.perf_counter()) < stop_at:
+            n += 1
             try:
-                client.infer(name, [inp])
+                client.infer(name, [inp], outputs=outputs)
             except Exception:  # counted, not fatal: a bench reports what it saw
                 bad += now >= start_at
                 continue
             if now >= start_at:
                 mine.append(time.perf_counter() - now)
+        if io is not None:
+            io.close()
         client.close()
         with lock:
             lat.extend(mine)
             errors[0] += bad
+            sent[0] += n
 
-    threads = [threading.Thread(target=worker) for _ in range(k)]
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(k)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return {"samples_s": len(lat) / seconds, "lat": lat, "errors": errors[0]}
+    return {"samples_s": len(lat) / seconds, "lat": lat, "errors": errors[0], "sent": sent[0]}
 
 
 def perf_analyzer(pa: str, transport: str, port: int, name: str, k: int, seconds: float) -> dict:
@@ -163,7 +204,8 @@ def perf_analyzer(pa: str, transport: str, port: int, name: str, k: int, seconds
             "-u",
             f"127.0.0.1:{port}",
             "-i",
-            transport,
+            transport.split("-")[0],
+            *(["--shared-memory", "system"] if transport.endswith("-shm") else []),
             "--concurrency-range",
             f"{k}:{k}",
             "--measurement-interval",
@@ -229,7 +271,14 @@ def main() -> None:
     ap.add_argument(
         "--hint", default="ADAPTIVE", help="the server's --performance-hint; several, comma-separated"
     )
+    ap.add_argument(
+        "--transports",
+        default="http,grpc",
+        help="comma-separated: http, grpc, http-shm, grpc-shm (system shared memory: the server runs with "
+        "--shared-memory, perf_analyzer with --shared-memory system)",
+    )
     ap.add_argument("--perf-analyzer", default=None, help="drive the server with this perf_analyzer binary")
+    ap.add_argument("--base-tree", default=None, help="also serve another checkout's code ('base' rows)")
     ap.add_argument("--pytriton", default=None, help="a Python with nvidia-pytriton: compare against Triton")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still stops its servers
@@ -265,17 +314,27 @@ def main() -> None:
         print(f"raw limit static b1 ({r['requests']} reqs) {r['samples_s']:8.1f} samples/s")
         cells: dict[tuple[str, str, int], list[dict]] = {}
         hints = [h.strip().upper() for h in args.hint.split(",") if h.strip()]
+        transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+        shm_flag = ["--shared-memory"] if any(t.endswith("-shm") for t in transports) else []
         with contextlib.ExitStack() as stack:
             ours = {
                 h: stack.enter_context(
-                    server(build, "--max-queue", "4096", "--performance-hint", h, ports=True)
+                    server(build, "--max-queue", "4096", "--performance-hint", h, *shm_flag, ports=True)
                 )
                 for h in hints
             }
             triton = stack.enter_context(pytriton(args.pytriton, build))
+            base = None
+            if args.base_tree:  # another checkout's server, interleaved with ours (before/after a change)
+                env = {"PYTHONPATH": str(Path(args.base_tree).resolve())}
+                base = stack.enter_context(server(build, "--max-queue", "4096", env=env, ports=True))
             label = (lambda h: "serve") if len(hints) == 1 else (lambda h: h.lower()[:8])
-            targets = [(label(h), t, ours[h][t]) for h in hints for t in ("http", "grpc")]
-            targets += [("triton", t, triton[t]) for t in ("http", "grpc")] if triton else []
+            targets = [
+                (label(h), t, ours[h][t.split("-")[0]], ours[h]["pid"]) for h in hints for t in transports
+            ]
+            if base:
+                targets += [("base", t, base[t], base["pid"]) for t in transports if "-" not in t]
+            targets += [("triton", t, triton[t.split("-")[0]], None) for t in transports] if triton else []
             for i in range(args.rounds):
                 if i:  # raw sync and the limit again: the machine may be shared and drift
                     syncs.append(raw_sync(xml, x, args.seconds))
@@ -283,11 +342,14 @@ def main() -> None:
                     static_syncs.append(raw_sync(xml, x, args.seconds, static=True))
                     static_limits.append(raw_limit(xml, x, 1, args.seconds, static=True)["samples_s"])
                 for k in levels:
-                    for who, transport, port in targets:
+                    for who, transport, port, pid in targets:
+                        cpu = _cpu_s(pid)
                         if args.perf_analyzer:
                             r = perf_analyzer(args.perf_analyzer, transport, port, name, k, args.seconds)
                         else:
                             r = clients(transport, port, name, x, k, args.seconds)
+                        if "sent" in r and pid:  # the server's CPU time per request: robust to a busy machine
+                            r["cpu_ms"] = (_cpu_s(pid) - cpu) * 1e3 / max(r["sent"], 1)
                         cells.setdefault((who, transport, k), []).append(r)
         # p50s in µs, like the served rows' percentiles; printed in ms
         sync = _over_rounds("raw sync b1 p50", [r["p50"] for r in syncs], 1e-3, "ms", 2)
@@ -296,12 +358,13 @@ def main() -> None:
         static_limit = _over_rounds("raw limit static b1", static_limits, 1, "samples/s", 1)
         print(
             f"{'':22} {'samples/s':>9} {'p50':>7} {'p99':>7} {'errors':>6} {'of limit':>8} {'static':>6} "
-            f"{'p50-sync':>8} {'-static':>7}"
+            f"{'p50-sync':>8} {'-static':>7} {'srv cpu/req':>11}"
         )
         rates: dict[tuple[str, str, int], float] = {}
         for k in levels:
-            for who, transport, _ in targets:
+            for who, transport, _, _ in targets:
                 rs = cells[who, transport, k]
+                cpu_ms = _median(r.get("cpu_ms", float("nan")) for r in rs)
                 rate = _median(r["samples_s"] for r in rs)
                 rates[who, transport, k] = rate
                 if "lat" in rs[0]:
@@ -309,21 +372,30 @@ def main() -> None:
                 else:
                     pct = {"p50": _median(r["p50"] for r in rs), "p99": _median(r["p99"] for r in rs)}
                 print(
-                    f"{who:8} {transport:4} c{k:<8} {rate:9.1f} {pct['p50'] / 1e3:7.2f} {pct['p99'] / 1e3:7.2f} "
+                    f"{who:8} {transport:8} c{k:<4} {rate:9.1f} {pct['p50'] / 1e3:7.2f} {pct['p99'] / 1e3:7.2f} "
                     f"{sum(r['errors'] for r in rs):6d} {rate / limit:8.0%} {rate / static_limit:6.0%} "
-                    f"{(pct['p50'] - sync) / 1e3:+8.2f} {(pct['p50'] - static_sync) / 1e3:+7.2f}"
+                    f"{(pct['p50'] - sync) / 1e3:+8.2f} {(pct['p50'] - static_sync) / 1e3:+7.2f} "
+                    f"{cpu_ms:8.2f} ms"
                 )
 
         if triton:
-            for who in dict.fromkeys(w for w, _, _ in targets if w != "triton"):
+            for who in dict.fromkeys(w for w, _, _, _ in targets if w not in ("triton", "base")):
                 print(
                     f"{who} / triton throughput: "
                     + ", ".join(
                         f"{t} c{k} {rates[who, t, k] / rates['triton', t, k]:.2f}x"
                         for k in levels
-                        for t in ("http", "grpc")
+                        for t in transports
                     )
                 )
+
+
+def _cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` and its threads so far (0 without one)."""
+    if not pid:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _over_rounds(label: str, values: list[float], scale: float, unit: str, digits: int) -> float:

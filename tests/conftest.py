@@ -1,10 +1,19 @@
 """Shared fixtures: seeded RNGs and session-scoped builds of the small models (built once, reused).
 
-Tests that modify a build must copy it first (``copy_build``)."""
+Tests that modify a build must copy it first (``copy_build``).
+
+Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) each worker is a process of its own with
+its own session fixtures. So that a build is still made once, the expensive ones (``shared``) are made
+under a file lock in the directory all workers' temporary roots share, and the first worker to ask builds
+while the others wait. Tests are grouped so that a test file runs on one worker (its module fixtures are
+made once) and every test that needs a Docker engine runs on the same worker (one engine, one base
+image, one ``cpu_image``)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,13 +26,50 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(0)
 
 
+#: fixtures that start a Docker engine: every test that uses one (directly or not) runs on one worker
+DOCKER_FIXTURES = frozenset({"docker_engine"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist's ``loadgroup``: a group per test file, and one group for the Docker tests."""
+    if not getattr(config.option, "numprocesses", None):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            docker = DOCKER_FIXTURES & set(getattr(item, "fixturenames", ()))
+            item.add_marker(pytest.mark.xdist_group("docker" if docker else item.nodeid.split("::")[0]))
+
+
+def shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
+    """``make(path)`` once for the whole run, whichever worker asks first; the others wait for it and
+    reuse the result. ``name`` keys what is made (two fixtures that make different things must not share
+    a name). A ``make`` that fails is retried by the next worker that asks, and fails there too."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's root, above each worker's own
+    root = root / "shared"
+    root.mkdir(exist_ok=True)
+    out, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            make(out)
+            done.touch()
+    return out
+
+
 def _build(tmp_path_factory: pytest.TempPathFactory, model: str, **kw) -> Path:
     from veo_edge.export.source import BuiltinSource
     from veo_edge.pipeline.build import BuildOptions, run_build
 
-    out = tmp_path_factory.mktemp("builds") / model
-    run_build(BuildOptions(source=BuiltinSource(model), out=out, quiet=True, **kw))
-    return out
+    def make(root: Path) -> None:
+        run_build(BuildOptions(source=BuiltinSource(model), out=root / model, quiet=True, **kw))
+
+    key = "-".join([model, *(f"{k}={v}" for k, v in sorted(kw.items()))])
+    return shared(tmp_path_factory, f"build-{key}", make) / model
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +97,23 @@ def digits_int8_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _build(tmp_path_factory, "vit-digits", cpu_precision="int8", plugins=False)
 
 
+@pytest.fixture(scope="session")
+def veo_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkout's veo-edge wheel (``pip wheel`` of a copy of the checkout, so its build/ stays
+    untouched), built once for the session."""
+    from veo_edge.packaging.ownwheel import wheel_from_source_tree
+
+    made: list[Path] = []
+
+    def make(root: Path) -> None:
+        root.mkdir()
+        made.append(wheel_from_source_tree(Path(__file__).resolve().parents[1], root))
+
+    root = shared(tmp_path_factory, "wheel", make)
+    (wheel,) = made or root.glob("veo_edge-*.whl")
+    return wheel
+
+
 @pytest.fixture
 def copy_build(tmp_path: Path):
     """Copy a session build into this test's tmp dir, for tests that modify or corrupt it."""
@@ -73,7 +136,7 @@ def docker_engine():
     unless VEO_EDGE_REQUIRE_DOCKER=1 (CI) makes that a failure."""
     import tempfile
 
-    from tests.support.dockerd import DockerEngine, EngineUnavailable, remove_root, require_docker
+    from tests.support.dockerd import DockerEngine, EngineUnavailable, require_docker
 
     root = Path(tempfile.mkdtemp(prefix="veo-dk-", dir="/tmp"))
     engine = DockerEngine(root)
@@ -88,8 +151,7 @@ def docker_engine():
         engine.ensure_base_image()
         yield engine
     finally:
-        engine.stop()
-        remove_root(root)
+        engine.close(wait=False)
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,14 @@ VEO_TEST(attention_arguments_are_checked_first)
     VEO_CHECK(says("dtype 7 unknown"));
     VEO_CHECK_EQ(veoAttentionForward(dummy, dummy, 0, 1, 8, 2, 40, 0.F, nullptr), int(VEO_KERNEL_UNSUPPORTED));
     VEO_CHECK(says("no kernel for head_dim 40"));
+    // a bias whose rows do not divide the batch, or whose heads are neither 1 nor num_heads
+    VEO_CHECK_EQ(veoAttentionForwardBias(dummy, dummy, 4, 2, dummy, 0, 6, 8, 2, 64, 0.F, nullptr),
+        int(VEO_KERNEL_INVALID_ARGUMENT));
+    VEO_CHECK(says("bias of 4 x 2 tables for batch=6 num_heads=2"));
+    VEO_CHECK_EQ(veoAttentionForwardBias(dummy, dummy, 1, 3, dummy, 0, 6, 8, 2, 64, 0.F, nullptr),
+        int(VEO_KERNEL_INVALID_ARGUMENT));
+    VEO_CHECK_EQ(veoAttentionForwardBias(dummy, dummy, 0, 1, dummy, 0, 6, 8, 2, 64, 0.F, nullptr),
+        int(VEO_KERNEL_INVALID_ARGUMENT));
     VEO_CHECK_EQ(veoAttentionSupportsHeadDim(80), 1);
     VEO_CHECK_EQ(veoAttentionSupportsHeadDim(40), 0);
 }

@@ -40,7 +40,12 @@ VEO_TEST(spec_constants)
     namespace a = veo::spec::veoAttention;
     namespace p = veo::spec::veoPatchEmbedLayerNorm;
     VEO_CHECK_EQ(std::string(a::kNAME), std::string("VeoAttention"));
-    VEO_CHECK_EQ(std::string(a::kVERSION), std::string("1"));
+    VEO_CHECK_EQ(std::string(a::kVERSION), std::string("2"));
+    VEO_CHECK_EQ(a::kNB_VERSIONS, 2);
+    VEO_CHECK_EQ(std::string(a::kVERSIONS[0]), std::string("1"));
+    VEO_CHECK_EQ(a::kNB_INPUTS_MAX_V1, 1);
+    VEO_CHECK_EQ(a::kNB_INPUTS_MIN_V2, 1);
+    VEO_CHECK_EQ(a::kNB_INPUTS_MAX_V2, 2);
     VEO_CHECK_EQ(std::string(a::kNAMESPACE), std::string("veo"));
     VEO_CHECK_EQ(std::string(p::kNAME), std::string("VeoPatchEmbedLayerNorm"));
     VEO_CHECK_EQ(p::kNB_INPUTS_MIN, 3);
@@ -79,6 +84,28 @@ VEO_TEST(attention_shapes)
     VEO_CHECK_THROWS(c.outputShape(Shape{{1, 197, 575}}), PluginConfigError,
         "last dim 575, expected 3*num_heads*head_dim = 576");
     VEO_CHECK_THROWS(c.outputShape(Shape{{197, 576}}), PluginConfigError, "expected rank 3");
+}
+
+VEO_TEST(attention_bias_layout_and_versions)
+{
+    auto c = AttentionConfig::fromFields({intField("num_heads", {2}), intField("head_dim", {32})});
+    // BEiT: one table for every batch; Swin: a table per window of an image, the batch is images x windows
+    auto beit = c.biasLayout(Shape{{-1, 17, 192}}, Shape{{1, 2, 17, 17}});
+    VEO_CHECK_EQ(beit.batch, 1);
+    VEO_CHECK_EQ(beit.heads, 2);
+    auto swin = c.biasLayout(Shape{{8, 49, 192}}, Shape{{4, 1, 49, 49}});
+    VEO_CHECK_EQ(swin.batch, 4);
+    VEO_CHECK_EQ(swin.heads, 1);
+    VEO_CHECK_THROWS(c.biasLayout(Shape{{6, 49, 192}}, Shape{{4, 2, 49, 49}}), PluginConfigError,
+        "its first dim 4 must divide the batch 6");
+    VEO_CHECK_THROWS(c.biasLayout(Shape{{-1, 49, 192}}, Shape{{1, 3, 49, 49}}), PluginConfigError,
+        "its head dim 3 must be 1 or num_heads = 2");
+    VEO_CHECK_THROWS(c.biasLayout(Shape{{-1, 50, 192}}, Shape{{1, 2, 49, 49}}), PluginConfigError,
+        "must be the sequence length 50");
+    VEO_CHECK_THROWS(c.biasLayout(Shape{{-1, 49, 192}}, Shape{{2, 49, 49}}), PluginConfigError, "expected rank 4");
+    VEO_CHECK_EQ(AttentionConfig::inputCounts("1").second, 1);
+    VEO_CHECK_EQ(AttentionConfig::inputCounts("2").second, 2);
+    VEO_CHECK_THROWS(AttentionConfig::inputCounts("3"), PluginConfigError, "no version '3'");
 }
 
 namespace

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Syntax-check the TensorRT glue against real TensorRT headers without TensorRT installed:
+# Check the TensorRT glue against real TensorRT headers without TensorRT installed:
 #   plugins/tools/check_trt_glue.sh /path/to/TensorRT/include [more include dirs...]
 # e.g. the include/ folder of an NVIDIA/TensorRT OSS checkout at tag v10.3.0 and at the TensorRT 11 tag.
-# Needs g++ and the CUDA headers (cuda_runtime_api.h). Exit status non-zero on any error in the glue.
+# Syntax-checks every glue file, then builds and runs tools/trtGlueProbe.cpp: the VeoAttention glue (both
+# creator versions, the bias input) driven as TensorRT's builder and runtime would, with stand-ins for the
+# kernel library. Needs g++ and the CUDA headers (cuda_runtime_api.h). Exit status non-zero on any error.
 set -euo pipefail
 if [[ $# -lt 1 || ! -f "$1/NvInferRuntime.h" ]]; then
   echo "usage: $0 TENSORRT_INCLUDE_DIR  (a folder holding NvInferRuntime.h; got '${1:-}')" >&2
@@ -22,3 +24,9 @@ for f in veoAttention/veoAttentionPlugin.cpp veoPatchEmbedLayerNorm/veoPatchEmbe
     -I"$here/veoPatchEmbedLayerNorm" -I"$here/mempool" -I"$gen" "$here/$f"
   echo "ok: $f"
 done
+inc=( $(printf -- '-I%s ' "$@") -I"$cuda_inc" -I"$here/common" -I"$here/veoAttention" -I"$gen" )
+g++ -std=c++17 -Wall -Wno-deprecated-declarations -Wno-unused-parameter "${inc[@]}" \
+  "$here/tools/trtGlueProbe.cpp" "$here/veoAttention/veoAttentionPlugin.cpp" \
+  "$here/veoAttention/veoAttentionConfig.cpp" "$here/common/pluginUtils.cpp" "$here/common/pluginFields.cpp" \
+  -o "$gen/trtGlueProbe"
+"$gen/trtGlueProbe"

@@ -83,8 +83,29 @@ def render(spec: dict, spec_path: Path) -> str:
         out.append(f"constexpr char const* k{kind}_NAMES[] = {{{listed}}};")
         flags = ", ".join("true" if t.get("optional", False) else "false" for t in items)
         out.append(f"constexpr bool k{kind}_OPTIONAL[] = {{{flags}}};")
-    out += ["", f"}} // namespace veo::spec::{ns}", ""]
+    out += ["", *_versions(spec, spec_path), "", f"}} // namespace veo::spec::{ns}", ""]
     return "\n".join(out)
+
+
+def _versions(spec: dict, spec_path: Path) -> list[str]:
+    """Every version a creator is registered for, and the inputs each takes: an input exists from its
+    ``since_version`` on (TensorRT keys creators by name and version; older graphs keep loading)."""
+    versions = [str(v) for v in spec.get("versions", [spec["version"]])]
+    if str(spec["version"]) not in versions:
+        raise ValueError(f"{spec_path}: version {spec['version']!r} is not among versions {versions}")
+    out = [
+        "// every version a creator is registered for; kVERSION is the newest",
+        f"constexpr int32_t kNB_VERSIONS = {len(versions)};",
+        "constexpr char const* kVERSIONS[] = {" + ", ".join(f'"{v}"' for v in versions) + "};",
+    ]
+    for v in versions:
+        if not v.isdigit():
+            raise ValueError(f"{spec_path}: version {v!r} is not a whole number")
+        have = [t for t in spec["inputs"] if int(t.get("since_version", 1)) <= int(v)]
+        required = sum(1 for t in have if not t.get("optional", False))
+        out.append(f"constexpr int32_t kNB_INPUTS_MAX_V{v} = {len(have)};")
+        out.append(f"constexpr int32_t kNB_INPUTS_MIN_V{v} = {required};")
+    return out
 
 
 def main(argv: list[str]) -> int:

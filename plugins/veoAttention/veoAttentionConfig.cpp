@@ -66,6 +66,53 @@ Shape AttentionConfig::outputShape(Shape const& qkv) const
     return Shape{{qkv[0], qkv[1], embedDim()}};
 }
 
+AttentionBias AttentionConfig::biasLayout(Shape const& qkv, Shape const& bias) const
+{
+    std::ostringstream msg;
+    msg << aspec::kNAME << ": input bias has shape " << bias.str() << "; ";
+    if (bias.rank() != 4)
+    {
+        msg << "expected rank 4 (B, 1 or num_heads, S, S)";
+        throw PluginConfigError(msg.str());
+    }
+    int64_t const seq = qkv.rank() == 3 ? qkv[1] : -1;
+    int64_t const batch = qkv.rank() == 3 ? qkv[0] : -1;
+    if (bias[1] >= 0 && bias[1] != 1 && bias[1] != numHeads)
+    {
+        msg << "its head dim " << bias[1] << " must be 1 or num_heads = " << numHeads;
+        throw PluginConfigError(msg.str());
+    }
+    for (std::size_t i = 2; i < 4; ++i)
+    {
+        if (bias[i] >= 0 && seq >= 0 && bias[i] != seq)
+        {
+            msg << "its last two dims must be the sequence length " << seq << " of qkv " << qkv.str();
+            throw PluginConfigError(msg.str());
+        }
+    }
+    if (bias[0] == 0 || (bias[0] > 0 && batch > 0 && batch % bias[0] != 0))
+    {
+        msg << "its first dim " << bias[0] << " must divide the batch " << batch
+            << " (batch b reads bias row b mod " << bias[0] << ": the windows of each image)";
+        throw PluginConfigError(msg.str());
+    }
+    return AttentionBias{static_cast<int32_t>(bias[0] > 0 ? bias[0] : 1), static_cast<int32_t>(bias[1] > 0 ? bias[1] : 1)};
+}
+
+std::pair<int32_t, int32_t> AttentionConfig::inputCounts(char const* version)
+{
+    std::string const v = version == nullptr ? "" : version;
+    if (v == "1")
+    {
+        return {aspec::kNB_INPUTS_MIN_V1, aspec::kNB_INPUTS_MAX_V1};
+    }
+    if (v == "2")
+    {
+        return {aspec::kNB_INPUTS_MIN_V2, aspec::kNB_INPUTS_MAX_V2};
+    }
+    throw PluginConfigError(std::string(aspec::kNAME) + ": no version '" + v + "'; this library has versions 1 and 2");
+}
+
 bool AttentionConfig::kernelSupported() const
 {
     for (int d : VEO_ATTENTION_HEAD_DIMS)

@@ -5,8 +5,16 @@
 // warp's 8 queries, and an online softmax (running max m, running sum l, FP32) rescales the FP32 output
 // accumulators, which each lane holds for head-dim columns lane, lane+32, ... No SxS matrix exists
 // anywhere; global memory sees qkv read and out written once per element.
+//
+// With a bias (VeoAttention v2) the CTA reads the bias block of each tile (its 32 queries x 32 keys) once,
+// coalesced, into shared memory beside K and V; each lane then takes its key's column for the warp's
+// queries. (Read straight from global memory by the lanes, the 8 strided loads per key cost 40-50 more
+// registers in the D >= 80 instances and spilled at D = 128.) The bias table is (biasBatch, biasHeads,
+// S, S): batch b reads row b mod biasBatch, head h row h or 0. The per-tile arithmetic lives in
+// veoAttentionTile.h, shared with the host tests.
 #include "kernelCommon.cuh"
 #include "veoAttentionKernel.h"
+#include "veoAttentionTile.h"
 
 #include <cmath>
 #include <string>
@@ -22,15 +30,38 @@ constexpr int kQ_PER_WARP = 8;
 constexpr int kBQ = kWARPS * kQ_PER_WARP; // queries per CTA
 constexpr int kBK = 32;                   // keys per tile: one per lane
 
-template <int D>
+constexpr int kBS = kBK + 1; // bias block row stride: a warp reads a column without bank conflicts
+
+template <int D, bool kBIAS>
 constexpr int smemBytes()
 {
-    return (kBQ * D + kBK * (D + 1) + kBK * D) * static_cast<int>(sizeof(float));
+    return (kBQ * D + kBK * (D + 1) + kBK * D + (kBIAS ? kBQ * kBS : 0)) * static_cast<int>(sizeof(float));
 }
 
-template <typename T, int D>
+//! The lowest finite value of the I/O type: where a -inf mask in the bias is clamped to.
+template <typename T>
+struct Lowest;
+template <>
+struct Lowest<float>
+{
+    static constexpr float kVALUE = tile::kF32_LOWEST;
+};
+template <>
+struct Lowest<__half>
+{
+    static constexpr float kVALUE = tile::kF16_LOWEST;
+};
+
+struct BiasArgs
+{
+    void const* data; //!< (batch, heads, S, S) table of T, or NULL
+    int batch;        //!< attention batch b reads row b % batch
+    int heads;        //!< 1 (shared by the heads) or the number of heads
+};
+
+template <typename T, int D, bool kBIAS>
 __global__ void __launch_bounds__(kTHREADS) attentionKernel(
-    T const* __restrict__ qkv, T* __restrict__ out, int seq, int heads, float scaleLog2e)
+    T const* __restrict__ qkv, T* __restrict__ out, int seq, int heads, float scaleLog2e, BiasArgs biasArgs)
 {
     constexpr int kDPL = (D + 31) / 32; // output columns per lane
     constexpr int kKS = D + 1;          // K row stride: lanes read a column without bank conflicts
@@ -38,6 +69,7 @@ __global__ void __launch_bounds__(kTHREADS) attentionKernel(
     float* sQ = smem;            // [kBQ][D], pre-scaled by scale*log2(e)
     float* sK = sQ + kBQ * D;    // [kBK][kKS]
     float* sV = sK + kBK * kKS;  // [kBK][D]
+    float* sB = sV + kBK * D;    // [kBQ][kBS], with a bias: the tile's block of it
 
     int const tid = threadIdx.x;
     int const warp = tid / 32;
@@ -57,14 +89,12 @@ __global__ void __launch_bounds__(kTHREADS) attentionKernel(
         sQ[i] = q < seq ? toFloat(base[q * rowStride + c]) * scaleLog2e : 0.F;
     }
 
-    float m[kQ_PER_WARP];
-    float l[kQ_PER_WARP];
+    tile::RowState row[kQ_PER_WARP];
     float acc[kQ_PER_WARP][kDPL];
 #pragma unroll
     for (int q = 0; q < kQ_PER_WARP; ++q)
     {
-        m[q] = -INFINITY;
-        l[q] = 0.F;
+        row[q] = tile::rowStart();
 #pragma unroll
         for (int i = 0; i < kDPL; ++i)
         {
@@ -72,6 +102,11 @@ __global__ void __launch_bounds__(kTHREADS) attentionKernel(
         }
     }
     float const* myQ = sQ + warp * kQ_PER_WARP * D;
+    T const* bias = nullptr;
+    if constexpr (kBIAS)
+    {
+        bias = static_cast<T const*>(biasArgs.data) + tile::biasOffset(b, h, seq, biasArgs.batch, biasArgs.heads);
+    }
 
     for (int k0 = 0; k0 < seq; k0 += kBK)
     {
@@ -92,42 +127,43 @@ __global__ void __launch_bounds__(kTHREADS) attentionKernel(
             sK[r * kKS + c] = kv;
             sV[r * D + c] = vv;
         }
+        if constexpr (kBIAS)
+        {
+            for (int i = tid; i < kBQ * kBK; i += kTHREADS)
+            {
+                int const r = i / kBK;
+                int const c = i % kBK;
+                int const q = q0 + r;
+                int const k = k0 + c;
+                sB[r * kBS + c] = q < seq && k < seq ? toFloat(bias[static_cast<size_t>(q) * seq + k]) : 0.F;
+            }
+        }
         __syncthreads();
 
+        int const key = k0 + lane;
+        bool const valid = key < seq;
         // Scores of key (k0 + lane) against the warp's queries, in log2 units.
         float s[kQ_PER_WARP];
-#pragma unroll
-        for (int q = 0; q < kQ_PER_WARP; ++q)
+        tile::scoreKey<D>(myQ, sK + lane * kKS, s);
+        if constexpr (kBIAS)
         {
-            s[q] = 0.F;
-        }
-#pragma unroll 16
-        for (int d = 0; d < D; ++d)
-        {
-            float const kd = sK[lane * kKS + d];
+            float const* bq = sB + warp * kQ_PER_WARP * kBS + lane; // plus the bias of that key
 #pragma unroll
             for (int q = 0; q < kQ_PER_WARP; ++q)
             {
-                s[q] = fmaf(myQ[q * D + d], kd, s[q]);
+                s[q] = tile::biasedLogit(s[q], bq[q * kBS], Lowest<T>::kVALUE);
             }
         }
-        bool const valid = k0 + lane < seq;
         // Online softmax: at least one key of the tile is valid, so the new max is finite.
 #pragma unroll
         for (int q = 0; q < kQ_PER_WARP; ++q)
         {
-            float const sq = valid ? s[q] : -INFINITY;
-            float const mNew = fmaxf(m[q], warpMax(sq));
-            float const p = exp2f(sq - mNew);
-            float const alpha = exp2f(m[q] - mNew); // 0 on the first tile (m = -inf)
-            l[q] = l[q] * alpha + warpSum(p);
-            m[q] = mNew;
+            float const sq = tile::maskedLogit(s[q], valid);
+            float const alpha = tile::rowRescale(row[q], warpMax(sq)); // 0 on the first tile
+            float const p = tile::prob(row[q], sq);
+            tile::rowAccumulate(row[q], alpha, warpSum(p));
             s[q] = p;
-#pragma unroll
-            for (int i = 0; i < kDPL; ++i)
-            {
-                acc[q][i] *= alpha;
-            }
+            tile::accRescale(acc[q], alpha);
         }
         // acc += P V: lane holds columns lane + 32*i; p of key j comes from lane j.
 #pragma unroll 4
@@ -147,7 +183,7 @@ __global__ void __launch_bounds__(kTHREADS) attentionKernel(
 #pragma unroll
                 for (int i = 0; i < kDPL; ++i)
                 {
-                    acc[q][i] = fmaf(p, v[i], acc[q][i]);
+                    acc[q][i] = tile::accUpdate(acc[q][i], p, v[i]);
                 }
             }
         }
@@ -161,7 +197,6 @@ __global__ void __launch_bounds__(kTHREADS) attentionKernel(
         {
             continue;
         }
-        float const inv = 1.F / l[q];
         T* o = out + (static_cast<size_t>(b) * seq + qi) * e + static_cast<size_t>(h) * D;
 #pragma unroll
         for (int i = 0; i < kDPL; ++i)
@@ -169,40 +204,51 @@ __global__ void __launch_bounds__(kTHREADS) attentionKernel(
             int const d = lane + 32 * i;
             if (d < D)
             {
-                o[d] = fromFloat<T>(acc[q][i] * inv);
+                o[d] = fromFloat<T>(tile::rowOutput(row[q], acc[q][i]));
             }
         }
     }
 }
 
-template <typename T, int D>
-int launch(void const* qkv, void* out, int batch, int seq, int heads, float scale, cudaStream_t stream)
+template <typename T, int D, bool kBIAS>
+int launchOne(
+    void const* qkv, void* out, int batch, int seq, int heads, float scale, BiasArgs const& bias, cudaStream_t stream)
 {
-    constexpr int kSmem = smemBytes<D>();
+    constexpr int kSmem = smemBytes<D, kBIAS>();
     static SmemOptIn sOptIn; // the attribute is set once per device, not per launch
-    auto kernel = attentionKernel<T, D>;
+    auto kernel = attentionKernel<T, D, kBIAS>;
     int const status = reserveSharedMemory(kernel, sOptIn, kSmem, kSmem, "veoAttention");
     if (status != VEO_KERNEL_OK)
     {
         return status;
     }
     dim3 const grid((seq + kBQ - 1) / kBQ, heads, batch);
-    float const scaleLog2e = scale * 1.4426950408889634F;
-    kernel<<<grid, kTHREADS, kSmem, stream>>>(static_cast<T const*>(qkv), static_cast<T*>(out), seq, heads, scaleLog2e);
+    float const scaleLog2e = scale * tile::kLOG2E;
+    kernel<<<grid, kTHREADS, kSmem, stream>>>(
+        static_cast<T const*>(qkv), static_cast<T*>(out), seq, heads, scaleLog2e, bias);
     return checkLaunch("veoAttention");
 }
 
+template <typename T, int D>
+int launch(
+    void const* qkv, void* out, int batch, int seq, int heads, float scale, BiasArgs const& bias, cudaStream_t stream)
+{
+    return bias.data != nullptr ? launchOne<T, D, true>(qkv, out, batch, seq, heads, scale, bias, stream)
+                                : launchOne<T, D, false>(qkv, out, batch, seq, heads, scale, bias, stream);
+}
+
 template <typename T>
-int dispatch(void const* qkv, void* out, int batch, int seq, int heads, int headDim, float scale, cudaStream_t s)
+int dispatch(void const* qkv, void* out, int batch, int seq, int heads, int headDim, float scale,
+    BiasArgs const& bias, cudaStream_t s)
 {
     switch (headDim)
     {
-    case 32: return launch<T, 32>(qkv, out, batch, seq, heads, scale, s);
-    case 48: return launch<T, 48>(qkv, out, batch, seq, heads, scale, s);
-    case 64: return launch<T, 64>(qkv, out, batch, seq, heads, scale, s);
-    case 80: return launch<T, 80>(qkv, out, batch, seq, heads, scale, s);
-    case 96: return launch<T, 96>(qkv, out, batch, seq, heads, scale, s);
-    case 128: return launch<T, 128>(qkv, out, batch, seq, heads, scale, s);
+    case 32: return launch<T, 32>(qkv, out, batch, seq, heads, scale, bias, s);
+    case 48: return launch<T, 48>(qkv, out, batch, seq, heads, scale, bias, s);
+    case 64: return launch<T, 64>(qkv, out, batch, seq, heads, scale, bias, s);
+    case 80: return launch<T, 80>(qkv, out, batch, seq, heads, scale, bias, s);
+    case 96: return launch<T, 96>(qkv, out, batch, seq, heads, scale, bias, s);
+    case 128: return launch<T, 128>(qkv, out, batch, seq, heads, scale, bias, s);
     default:
         return kernelFail(VEO_KERNEL_UNSUPPORTED,
             "veoAttention: no kernel for head_dim " + std::to_string(headDim)
@@ -228,6 +274,12 @@ extern "C" int veoAttentionSupportsHeadDim(int head_dim)
 extern "C" int veoAttentionForward(void const* qkv, void* out, int dtype, int batch, int seq, int num_heads,
     int head_dim, float scale, void* stream)
 {
+    return veoAttentionForwardBias(qkv, nullptr, 1, 1, out, dtype, batch, seq, num_heads, head_dim, scale, stream);
+}
+
+extern "C" int veoAttentionForwardBias(void const* qkv, void const* bias, int bias_batch, int bias_heads, void* out,
+    int dtype, int batch, int seq, int num_heads, int head_dim, float scale, void* stream)
+{
     using veo::kernelFail;
     if (qkv == nullptr || out == nullptr)
     {
@@ -240,19 +292,28 @@ extern "C" int veoAttentionForward(void const* qkv, void* out, int dtype, int ba
                 + std::to_string(num_heads) + " head_dim=" + std::to_string(head_dim)
                 + "; expected all >= 1 and batch, num_heads <= 65535");
     }
+    if (bias != nullptr
+        && (bias_batch < 1 || batch % bias_batch != 0 || (bias_heads != 1 && bias_heads != num_heads)))
+    {
+        return kernelFail(VEO_KERNEL_INVALID_ARGUMENT,
+            "veoAttention: bias of " + std::to_string(bias_batch) + " x " + std::to_string(bias_heads)
+                + " tables for batch=" + std::to_string(batch) + " num_heads=" + std::to_string(num_heads)
+                + "; expected a bias batch dividing the batch and 1 or num_heads bias heads");
+    }
     if (!(scale >= 0.F) || std::isinf(scale))
     {
         return kernelFail(VEO_KERNEL_INVALID_ARGUMENT, "veoAttention: scale must be finite and >= 0 (0 = 1/sqrt(D))");
     }
     float const s = scale > 0.F ? scale : 1.F / std::sqrt(static_cast<float>(head_dim));
     auto const st = static_cast<cudaStream_t>(stream);
+    veo::BiasArgs const b{bias, bias_batch, bias_heads};
     if (dtype == VEO_DTYPE_FLOAT32)
     {
-        return veo::dispatch<float>(qkv, out, batch, seq, num_heads, head_dim, s, st);
+        return veo::dispatch<float>(qkv, out, batch, seq, num_heads, head_dim, s, b, st);
     }
     if (dtype == VEO_DTYPE_FLOAT16)
     {
-        return veo::dispatch<__half>(qkv, out, batch, seq, num_heads, head_dim, s, st);
+        return veo::dispatch<__half>(qkv, out, batch, seq, num_heads, head_dim, s, b, st);
     }
     return kernelFail(VEO_KERNEL_INVALID_ARGUMENT,
         "veoAttention: dtype " + std::to_string(dtype) + " unknown; expected 0 (float32) or 1 (float16)");

@@ -20,6 +20,14 @@ extern "C" {
 VEO_KERNEL_API int veoAttentionForward(const void* qkv, void* out, int dtype, int batch, int seq, int num_heads,
     int head_dim, float scale, void* stream);
 
+/* veoAttentionForward with an additive bias (VeoAttention v2): softmax(Q K^T * scale + bias) V. bias is a
+ * (bias_batch, bias_heads, seq, seq) table of the same dtype: batch b reads row b % bias_batch (the windows
+ * of an image), head h row h, or row 0 when bias_heads is 1. bias_batch must divide batch. Bias values are
+ * clamped to the dtype's lowest finite value, the biased logits to float32's (no NaN rows). bias NULL is
+ * veoAttentionForward. */
+VEO_KERNEL_API int veoAttentionForwardBias(const void* qkv, const void* bias, int bias_batch, int bias_heads,
+    void* out, int dtype, int batch, int seq, int num_heads, int head_dim, float scale, void* stream);
+
 /* 1 when a kernel instance exists for head_dim, else 0. */
 VEO_KERNEL_API int veoAttentionSupportsHeadDim(int head_dim);
 

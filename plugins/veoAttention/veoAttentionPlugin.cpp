@@ -19,10 +19,21 @@ R guarded(char const* method, R onError, F&& body) noexcept
 }
 } // namespace
 
-VeoAttentionPlugin::VeoAttentionPlugin(AttentionConfig const& config)
+VeoAttentionPlugin::VeoAttentionPlugin(AttentionConfig const& config, char const* version)
     : mConfig(config)
+    , mVersion(version)
     , mSerialized(config.toFields())
 {
+}
+
+void VeoAttentionPlugin::checkInputCount(int32_t nbInputs) const
+{
+    auto const [least, most] = AttentionConfig::inputCounts(mVersion);
+    if (nbInputs < least || nbInputs > most)
+    {
+        throw PluginConfigError("version " + std::string(mVersion) + " takes " + std::to_string(least) + ".."
+            + std::to_string(most) + " inputs (qkv" + (most > 1 ? ", bias" : "") + "), got " + std::to_string(nbInputs));
+    }
 }
 
 IPluginCapability* VeoAttentionPlugin::getCapabilityInterface(PluginCapabilityType type) noexcept
@@ -38,7 +49,12 @@ IPluginCapability* VeoAttentionPlugin::getCapabilityInterface(PluginCapabilityTy
 
 IPluginV3* VeoAttentionPlugin::clone() noexcept
 {
-    return guarded<IPluginV3*>("clone", nullptr, [&] { return new VeoAttentionPlugin(mConfig); });
+    return guarded<IPluginV3*>("clone", nullptr, [&] {
+        auto* copy = new VeoAttentionPlugin(mConfig, mVersion);
+        copy->mHasBias = mHasBias;
+        copy->mBias = mBias;
+        return copy;
+    });
 }
 
 char const* VeoAttentionPlugin::getPluginName() const noexcept
@@ -47,7 +63,7 @@ char const* VeoAttentionPlugin::getPluginName() const noexcept
 }
 char const* VeoAttentionPlugin::getPluginVersion() const noexcept
 {
-    return spec::kVERSION;
+    return mVersion;
 }
 char const* VeoAttentionPlugin::getPluginNamespace() const noexcept
 {
@@ -63,12 +79,17 @@ int32_t VeoAttentionPlugin::configurePlugin(
     DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const*, int32_t nbOutputs) noexcept
 {
     return guarded<int32_t>("configurePlugin", -1, [&] {
-        if (nbInputs != spec::kNB_INPUTS_MAX || nbOutputs != spec::kNB_OUTPUTS_MAX)
+        checkInputCount(nbInputs);
+        if (nbOutputs != spec::kNB_OUTPUTS_MAX)
         {
-            throw PluginConfigError("expected 1 input and 1 output, got " + std::to_string(nbInputs) + " and "
-                + std::to_string(nbOutputs));
+            throw PluginConfigError("expected 1 output, got " + std::to_string(nbOutputs));
         }
         mConfig.outputShape(toShape(in[0].desc.dims)); // throws with the reason when inconsistent
+        mHasBias = nbInputs == 2;
+        if (mHasBias)
+        {
+            mBias = mConfig.biasLayout(toShape(in[0].desc.dims), toShape(in[1].desc.dims));
+        }
         if (!mConfig.kernelSupported())
         {
             throw PluginConfigError("no kernel for head_dim " + std::to_string(mConfig.headDim)
@@ -81,7 +102,7 @@ int32_t VeoAttentionPlugin::configurePlugin(
 int32_t VeoAttentionPlugin::getOutputDataTypes(
     DataType* outputTypes, int32_t nbOutputs, DataType const* inputTypes, int32_t nbInputs) const noexcept
 {
-    if (nbOutputs != 1 || nbInputs != 1)
+    if (nbOutputs != 1 || nbInputs < 1 || nbInputs > AttentionConfig::inputCounts(mVersion).second)
     {
         return -1;
     }
@@ -93,9 +114,19 @@ int32_t VeoAttentionPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbI
     DimsExprs* outputs, int32_t nbOutputs, IExprBuilder& exprBuilder) noexcept
 {
     return guarded<int32_t>("getOutputShapes", -1, [&] {
-        if (nbInputs != 1 || nbOutputs != 1 || inputs[0].nbDims != 3)
+        checkInputCount(nbInputs);
+        if (nbOutputs != 1 || inputs[0].nbDims != 3)
         {
             throw PluginConfigError("input qkv must be rank 3 (N, S, 3*num_heads*head_dim)");
+        }
+        if (nbInputs == 2)
+        {
+            Shape bias;
+            for (int32_t i = 0; i < inputs[1].nbDims; ++i)
+            {
+                bias.d.push_back(inputs[1].d[i]->isConstant() ? inputs[1].d[i]->getConstantValue() : -1);
+            }
+            mConfig.biasLayout(Shape{{-1, -1, -1}}, bias); // rank and heads; S and the batch at configure
         }
         auto const* last = inputs[0].d[2];
         if (last->isConstant())
@@ -113,7 +144,8 @@ int32_t VeoAttentionPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbI
 bool VeoAttentionPlugin::supportsFormatCombination(
     int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbInputs, int32_t nbOutputs) noexcept
 {
-    if (nbInputs != 1 || nbOutputs != 1 || pos < 0 || pos > 1)
+    // qkv, [bias,] out: linear, FP32 or FP16, all of one type
+    if (nbInputs < 1 || nbInputs > 2 || nbOutputs != 1 || pos < 0 || pos >= nbInputs + nbOutputs)
     {
         return false;
     }
@@ -131,11 +163,13 @@ size_t VeoAttentionPlugin::getWorkspaceSize(
 int32_t VeoAttentionPlugin::onShapeChange(PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const*, int32_t) noexcept
 {
     return guarded<int32_t>("onShapeChange", -1, [&] {
-        if (nbInputs != 1)
-        {
-            throw PluginConfigError("expected 1 input, got " + std::to_string(nbInputs));
-        }
+        checkInputCount(nbInputs);
         mConfig.outputShape(toShape(in[0].dims));
+        mHasBias = nbInputs == 2;
+        if (mHasBias)
+        {
+            mBias = mConfig.biasLayout(toShape(in[0].dims), toShape(in[1].dims));
+        }
         return 0;
     });
 }
@@ -144,9 +178,12 @@ int32_t VeoAttentionPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTen
     void const* const* inputs, void* const* outputs, void*, cudaStream_t stream) noexcept
 {
     auto const& dims = inputDesc[0].dims;
-    int const status = veoAttentionForward(inputs[0], outputs[0], toVeoDtype(inputDesc[0].type),
-        static_cast<int>(dims.d[0]), static_cast<int>(dims.d[1]), mConfig.numHeads, mConfig.headDim,
-        mConfig.effectiveScale(), stream);
+    // with a bias, its dims as bound now (the table is constant, but the descriptor is the truth)
+    int const biasBatch = mHasBias ? static_cast<int>(inputDesc[1].dims.d[0]) : 1;
+    int const biasHeads = mHasBias ? static_cast<int>(inputDesc[1].dims.d[1]) : 1;
+    int const status = veoAttentionForwardBias(inputs[0], mHasBias ? inputs[1] : nullptr, biasBatch, biasHeads,
+        outputs[0], toVeoDtype(inputDesc[0].type), static_cast<int>(dims.d[0]), static_cast<int>(dims.d[1]),
+        mConfig.numHeads, mConfig.headDim, mConfig.effectiveScale(), stream);
     if (status != VEO_KERNEL_OK)
     {
         logError("VeoAttention::enqueue: ", veoKernelLastError()); // builds no string out here: noexcept-clean
@@ -167,10 +204,12 @@ PluginFieldCollection const* VeoAttentionPlugin::getFieldsToSerialize() noexcept
     });
 }
 
-VeoAttentionPluginCreator::VeoAttentionPluginCreator()
-    : mFieldNames({{spec::kATTR_NUM_HEADS, false, false}, {spec::kATTR_HEAD_DIM, false, false},
-        {spec::kATTR_SCALE, true, false}})
+VeoAttentionPluginCreator::VeoAttentionPluginCreator(char const* version)
+    : mVersion(version)
+    , mFieldNames({{spec::kATTR_NUM_HEADS, false, false}, {spec::kATTR_HEAD_DIM, false, false},
+          {spec::kATTR_SCALE, true, false}})
 {
+    AttentionConfig::inputCounts(version); // a version of the spec (throws at library load otherwise)
 }
 
 char const* VeoAttentionPluginCreator::getPluginName() const noexcept
@@ -179,7 +218,7 @@ char const* VeoAttentionPluginCreator::getPluginName() const noexcept
 }
 char const* VeoAttentionPluginCreator::getPluginVersion() const noexcept
 {
-    return spec::kVERSION;
+    return mVersion;
 }
 char const* VeoAttentionPluginCreator::getPluginNamespace() const noexcept
 {
@@ -195,7 +234,7 @@ IPluginV3* VeoAttentionPluginCreator::createPlugin(char const*, PluginFieldColle
     return guarded<IPluginV3*>("createPlugin", nullptr, [&] {
         auto const config = AttentionConfig::fromFields(toFields(fc));
         requireMinSm(spec::kNAME, spec::kMIN_SM); // build and deserialisation alike
-        return new VeoAttentionPlugin(config);
+        return new VeoAttentionPlugin(config, mVersion);
     });
 }
 

@@ -1,5 +1,7 @@
 // VeoAttention as a TensorRT IPluginV3 (core, build and runtime capabilities in one object) and its
-// IPluginCreatorV3One. Thin: parsing, validation and shape rules live in veoAttentionConfig.
+// IPluginCreatorV3One, one creator per version (TensorRT keys creators by name and version): version 1
+// takes qkv, version 2 qkv and an optional additive bias. Thin: parsing, validation and shape rules live in
+// veoAttentionConfig.
 #pragma once
 
 #include "NvInferRuntime.h"
@@ -15,7 +17,8 @@ class VeoAttentionPlugin : public nvinfer1::IPluginV3,
                            public nvinfer1::IPluginV3OneRuntime
 {
 public:
-    explicit VeoAttentionPlugin(AttentionConfig const& config);
+    //! `version` is a string literal of the spec ("1" or "2"), kept for getPluginVersion.
+    VeoAttentionPlugin(AttentionConfig const& config, char const* version);
     ~VeoAttentionPlugin() override = default;
 
     // IPluginV3
@@ -50,14 +53,20 @@ public:
     nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
 
 private:
+    //! Throws unless `nbInputs` is what this version takes.
+    void checkInputCount(int32_t nbInputs) const;
+
     AttentionConfig mConfig;
+    char const* mVersion;
+    bool mHasBias{false};  //!< from configurePlugin / onShapeChange: enqueue is not told the input count
+    AttentionBias mBias{}; //!< its broadcast, from the bias dims
     FieldStorage mSerialized;
 };
 
 class VeoAttentionPluginCreator : public nvinfer1::IPluginCreatorV3One
 {
 public:
-    VeoAttentionPluginCreator();
+    explicit VeoAttentionPluginCreator(char const* version);
     char const* getPluginName() const noexcept override;
     char const* getPluginVersion() const noexcept override;
     char const* getPluginNamespace() const noexcept override;
@@ -66,6 +75,7 @@ public:
         char const* name, nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase) noexcept override;
 
 private:
+    char const* mVersion;
     FieldNames mFieldNames;
 };
 

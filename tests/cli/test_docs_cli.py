@@ -28,9 +28,9 @@ REGENERATE = [
     "--title",
     "veo-edge CLI reference",
 ]
-REGENERATE_HINT = ".venv/bin/python " + " ".join(
-    f'"{a}"' if " " in a else a for a in REGENERATE
-) + " --output docs/cli.md"
+REGENERATE_HINT = (
+    ".venv/bin/python " + " ".join(f'"{a}"' if " " in a else a for a in REGENERATE) + " --output docs/cli.md"
+)
 
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 _CODE_SPAN = re.compile(r"`[^`\n]*`")

@@ -80,7 +80,7 @@ def device_engine(docker_engine):
     """A second engine, the "device": deploys transfer images into it."""
     engine = _engine("veo-dev-")
     yield engine
-    engine.close()
+    engine.close(wait=False)
 
 
 @pytest.fixture(scope="session")
@@ -99,4 +99,4 @@ def swarm_engine(docker_engine):
     for sid in engine.docker("service", "ls", "-q", check=False).stdout.split():
         engine.docker("service", "rm", sid, check=False)
     engine.docker("swarm", "leave", "--force", check=False)
-    engine.close()
+    engine.close(wait=False)

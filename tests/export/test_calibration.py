@@ -49,3 +49,23 @@ def test_a_folder_of_class_folders_gives_labelled_images(tmp_path: Path) -> None
     assert data.x[0].max() == -1.0 and data.x[1].min() == 1.0  # 0..255 -> -1..1 for one channel
     with pytest.raises(UsageError, match=r"a folder of images fits image models of 1 or 3 channels"):
         load_data(tmp_path, (3, 4, 8, 8), "--val")
+
+
+def test_a_folder_of_pictures_is_preprocessed_as_the_build_says(tmp_path: Path) -> None:
+    """A build's manifest ``preprocess`` (here vit-digits': nearest to 32x32, p * 2/255 - 1) is how a
+    --val/--calibration folder becomes inputs: rendered scans come back as the scans' own inputs."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    from veo_edge.models import digits
+
+    d = load_digits()
+    for i in range(6):
+        folder = tmp_path / str(d.target[i])
+        folder.mkdir(exist_ok=True)
+        Image.fromarray(digits.render(d.images[i])).save(folder / f"{i}.png")
+    data = load_data(tmp_path, (1, 32, 32), "--val", digits.picture_preprocess())
+    order = sorted(range(6), key=lambda i: d.target[i])  # class folders in order, one scan each here
+    assert data.y.tolist() == [int(d.target[i]) for i in order]
+    want = digits.preprocess(d.images[order])
+    assert float(np.abs(data.x - want).max()) <= 1 / 255 + 1e-6  # half a grey step of rendering, x 2/255

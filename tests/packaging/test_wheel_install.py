@@ -27,7 +27,6 @@ import pytest
 from veo_edge.builddir import sha256_file
 from veo_edge.errors import PackagingError
 from veo_edge.packaging import layout, sources
-from veo_edge.packaging.ownwheel import wheel_from_source_tree
 
 REPO = Path(__file__).resolve().parents[2]
 SELINUX_PP_MAGIC = 0xF97CFF8F
@@ -65,11 +64,11 @@ def selinux_tools() -> None:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    """The checkout's wheel (pip wheel --no-deps --no-build-isolation of a copy of it, so the shared
-    checkout's build/ stays untouched), installed into a fresh venv outside the checkout."""
+def installed(tmp_path_factory: pytest.TempPathFactory, veo_wheel: Path) -> SimpleNamespace:
+    """The checkout's wheel (the session's ``veo_wheel``), installed into a fresh venv outside the
+    checkout."""
     work = tmp_path_factory.mktemp("wheel-install")
-    wheel = wheel_from_source_tree(REPO, work / "dist")
+    wheel = veo_wheel
     venv = work / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=work)
     python = venv / "bin" / "python"

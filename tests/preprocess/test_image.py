@@ -60,6 +60,10 @@ def _processors():
         VideoMAEImageProcessorPil(size={"shortest_edge": 36}, crop_size={"height": 32, "width": 32}),
     )
     yield (
+        "vivit-offset-frame",  # rescale by 1/127.5, minus 1, then normalise: [-3, 1]
+        transformers.VivitImageProcessor(size={"shortest_edge": 36}, crop_size={"height": 32, "width": 32}),
+    )
+    yield (
         "crop-larger-than-picture",
         DeiTImageProcessorPil(size={"height": 20, "width": 20}, crop_size={"height": 24, "width": 26}),
     )
@@ -73,7 +77,7 @@ def _ours(proc) -> Preprocess:
 
     with tempfile.TemporaryDirectory() as d:
         proc.save_pretrained(d)
-        kind = "video" if "VideoMAE" in type(proc).__name__ else "image"
+        kind = "video" if type(proc).__name__.startswith(("VideoMAE", "Vivit")) else "image"
         return load_preprocess(Path(d), kind)
 
 
@@ -83,7 +87,7 @@ def test_preprocessing_matches_the_hugging_face_pil_processor(name, proc) -> Non
     # the manifest form is what infer and serve use: go through it
     ours = Preprocess.from_manifest(ours.to_manifest())
     for im in _photos() + _digit_pictures():
-        if name == "videomae-frame":
+        if name.endswith("-frame"):  # a video processor: one clip of one frame
             ref = proc([im], return_tensors="np")["pixel_values"][0][0]
         else:
             ref = proc(im, return_tensors="np")["pixel_values"][0]

@@ -34,9 +34,12 @@ def test_bad_memory_sizes(bad: str) -> None:
 
 
 def test_policy_order_forcing_and_no_fallback() -> None:
-    assert DEFAULT_POLICY == ("tensorrt", "onnxruntime-cuda", "openvino")
+    assert DEFAULT_POLICY == ("tensorrt", "onnxruntime-cuda", "openvino", "onnxruntime")
     assert resolve_policy("auto", None, True) == (list(DEFAULT_POLICY), [])
-    assert resolve_policy("auto", None, False) == (["tensorrt"], ["onnxruntime-cuda", "openvino"])
+    assert resolve_policy("auto", None, False) == (
+        ["tensorrt"],
+        ["onnxruntime-cuda", "openvino", "onnxruntime"],
+    )
     assert resolve_policy("onnxruntime", None, True) == (["onnxruntime"], [])
     assert resolve_policy("auto", ["onnxruntime", "openvino"], True) == (["onnxruntime", "openvino"], [])
     with pytest.raises(

@@ -15,7 +15,7 @@ from veo_edge.builddir import BuildDir
 from veo_edge.errors import InputError, NoBackendError, UsageError
 from veo_edge.export.parity import seeded_inputs
 from veo_edge.runtime.batching import ClosedError
-from veo_edge.runtime.faults import InjectedOutOfMemoryError
+from veo_edge.runtime.faults import InjectedDeviceLostError, InjectedOutOfMemoryError
 from veo_edge.runtime.loaders import cpu_runner
 
 CPU_CHAIN = ["onnxruntime", "openvino"]
@@ -46,6 +46,7 @@ def test_auto_on_this_machine_picks_openvino_and_says_why(nano_build: Path, cpu_
             ("tensorrt", "skipped"),
             ("onnxruntime-cuda", "skipped"),
             ("openvino", "active"),
+            ("onnxruntime", "standby"),  # the chain ends on ONNX Runtime's CPU provider: a warm second
         ]
         json.dumps(st.to_dict())
         assert rt.input_shape == (3, 32, 32) and rt.max_batch == 8
@@ -62,6 +63,7 @@ def test_no_fallback_fails_instead_of_running_slower(nano_build: Path, cpu_only:
     assert [(c.name, c.status) for c in rt.state.candidates][1:] == [
         ("onnxruntime-cuda", "disabled"),
         ("openvino", "disabled"),
+        ("onnxruntime", "disabled"),
     ]
 
 
@@ -260,46 +262,73 @@ def test_unknown_performance_hint_is_refused(nano_build: Path) -> None:
         veo_edge.Runtime(nano_build, performance_hint="FAST")
 
 
-def test_forced_backend_does_not_fall_back(nano_build: Path) -> None:
+def test_forced_backend_retries_a_transient_fault_on_itself_and_no_fallback_gives_the_error(
+    nano_build: Path,
+) -> None:
     x = seeded(2, (3, 32, 32))
-    with veo_edge.Runtime(nano_build, backend="onnxruntime", faults={"onnxruntime": {"every_nth": 2}}) as rt:
+    faults = {"onnxruntime": {"every_nth": 2}}
+    with veo_edge.Runtime(nano_build, backend="onnxruntime", faults=faults) as rt:
+        rt.infer(x)
+        rt.infer(x)  # call 2 fails (out of memory: transient), call 3 answers it
+        assert rt.state.switches == [] and rt.stats()["requests_failure"] == 0
+        assert rt.stats()["faults"] == {"onnxruntime": {"oom": 1}}
+        assert rt.stats()["retries"] == {"onnxruntime": {"ok": 1}}
+    with veo_edge.Runtime(nano_build, backend="onnxruntime", faults=faults, fallback=False) as rt:
         rt.infer(x)
         with pytest.raises(InjectedOutOfMemoryError, match=r"injected fault on call 2 \(every_nth=2\)"):
             rt.infer(x)
         rt.infer(x)  # a transient fault: the backend stays
         assert rt.state.switches == [] and rt.stats()["requests_failure"] == 2
+        assert rt.stats()["retries"] == {} and rt.stats()["standby_backend"] is None
 
 
 def test_when_every_backend_fails_the_batch_gets_the_error_once(nano_build: Path) -> None:
+    """openvino fails its warm-up, so it never becomes the standby; the batch fails on onnxruntime, has
+    nowhere else to go, fails once more where it failed (transient), and its request gets the first error."""
     with veo_edge.Runtime(nano_build, policy=CPU_CHAIN, faults={"*": {"oom_after": 0}}) as rt:
+        assert {c.name: c.status for c in rt.state.candidates} == {
+            "onnxruntime": "active",
+            "openvino": "skipped",
+        }
+        assert rt.state.skipped[0]["reason"].startswith("warm-up failed: InjectedOutOfMemoryError")
         fut = rt.submit(seeded(1, (3, 32, 32))[0])
-        with pytest.raises(InjectedOutOfMemoryError, match="openvino: injected fault on call 1"):
+        with pytest.raises(InjectedOutOfMemoryError, match="onnxruntime: injected fault on call 1"):
             fut.result(timeout=60)
-        assert rt.stats()["requests_failure"] == 1
-        assert rt.state.switches[0]["to"] == "openvino"
+        stats = rt.stats()
+        assert stats["requests_failure"] == 1 and stats["requests_success"] == 0
+        assert stats["faults"] == {"onnxruntime": {"oom": 2}, "openvino": {"oom": 1}}
+        assert stats["retries"] == {"onnxruntime": {"failed": 1}}
 
 
 def test_recovery_returns_to_the_preferred_backend(nano_build: Path) -> None:
-    faults = {"onnxruntime": {"every_nth": 2}}
+    faults = {"onnxruntime": {"every_nth": 2, "error": "device_lost"}}
     with veo_edge.Runtime(nano_build, policy=CPU_CHAIN, faults=faults) as rt:
         x = seeded(3, (3, 32, 32))
         rt.infer(x)
-        rt.infer(x)  # fails on onnxruntime, re-run on openvino
-        assert rt.state.active_backend == "openvino"
+        rt.infer(x)  # the device is lost on onnxruntime: re-run on openvino, which takes the traffic at once
+        assert rt.state.active_backend == "openvino" and rt.stats()["requests_failure"] == 0
         assert rt.try_recover() and rt.state.active_backend == "onnxruntime"
         assert [s["reason"] for s in rt.state.switches][1] == "recovered"
         assert rt.state.fallback_count == 1
+        # the one left is the standby of the one returned to
+        assert {c.name: c.status for c in rt.state.candidates} == {
+            "onnxruntime": "active",
+            "openvino": "standby",
+        }
 
 
 def test_recovery_when_no_backend_is_left(nano_build: Path) -> None:
-    """The first fails a batch and the second cannot start: none is active; try_recover activates one."""
+    """The first loses its device once and the second cannot start: none is active; try_recover brings
+    the first back (it passes its warm-up: the device was lost once)."""
     first, second = CPU_CHAIN
-    faults = {first: {"oom_after": 0}, second: {"fail_at_start": True}}
-    with veo_edge.Runtime(nano_build, policy=CPU_CHAIN, faults=faults) as rt:
+    faults = {first: {"once_at_s": 0, "error": "device_lost"}, second: {"fail_at_start": True}}
+    with veo_edge.Runtime(nano_build, policy=CPU_CHAIN, faults=faults, fault_clock=lambda: 0.0) as rt:
         x = seeded(1, (3, 32, 32))
-        with pytest.raises(NoBackendError, match="no backend can run build"):
-            rt.infer(x)
+        with pytest.raises(InjectedDeviceLostError, match="device lost: onnxruntime"):
+            rt.infer(x)  # a lost device: no retry where it failed
         assert rt.state.active_backend is None and not rt.state.ready
+        with pytest.raises(NoBackendError, match="no backend is active"):
+            rt.infer(x)
         assert rt.try_recover(only_if_none_active=True)
         assert rt.state.active_backend == first and rt.state.ready
         assert not rt.try_recover(only_if_none_active=True)  # one is active: nothing to do

@@ -125,6 +125,27 @@ def nano_server(nano_build: Path, tmp_path_factory: pytest.TempPathFactory):
     assert server.stop() == 0, server.log.read_text()
 
 
+#: the edge server's caps: small, so that the memory-bound test's bombs stay quick
+EDGE_MAX_REQUEST = 8 << 20
+EDGE_MAX_BUFFERED = 16 << 20
+
+
+@pytest.fixture(scope="session")
+def edge_server(nano_build: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A vit-nano server with shared memory on and small body caps (shared-memory and memory-bound tests)."""
+    server = start_server(
+        nano_build,
+        tmp_path_factory.mktemp("serve") / "edge.log",
+        "--shared-memory",
+        "--max-request-bytes",
+        str(EDGE_MAX_REQUEST),
+        "--max-buffered-bytes",
+        str(EDGE_MAX_BUFFERED),
+    )
+    yield server
+    assert server.stop() == 0, server.log.read_text()
+
+
 @pytest.fixture
 def serve(tmp_path: Path):
     """Factory: ``serve(build, *args, env=..., wait_ready=...)`` starts a server; all stop at teardown."""

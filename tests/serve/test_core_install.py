@@ -1,35 +1,25 @@
-"""A core-only install (``pip install .`` into a fresh virtual environment, no extras) serves: whatever
-``veo-edge serve`` needs at run time is a core dependency. Uses pip's configured indexes and cache."""
+"""A core-only install (the checkout's wheel, ``pip install``-ed with its dependencies into a fresh virtual
+environment, no extras) serves: whatever ``veo-edge serve`` needs at run time is a core dependency. Uses
+pip's configured indexes and cache; the wheel is the session's (``veo_wheel``, built once)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import venv
-from pathlib import Path
 
 import pytest
 
 from tests.serve.conftest import start_server
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow
-def test_core_install_serves(nano_build, tmp_path):
-    src = tmp_path / "src"  # a copy: pip must not write build/ or *.egg-info into the checkout
-    shutil.copytree(ROOT / "veo_edge", src / "veo_edge", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "setup.py", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    for spec in ROOT.glob("plugins/*/spec.json"):
-        (src / spec.parent.relative_to(ROOT)).mkdir(parents=True)
-        shutil.copy(spec, src / spec.relative_to(ROOT))
+def test_core_install_serves(nano_build, veo_wheel, tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = str(env_dir / "bin" / "python")
     r = subprocess.run(
-        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(src)],
+        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(veo_wheel)],
         capture_output=True,
         text=True,
         timeout=900,

@@ -1,6 +1,6 @@
 """Triton's protocol extensions through the real ``tritonclient[http]``: what ``GET /v2`` advertises,
 duplicate outputs, all-model statistics with Triton's compute-time convention, the model repository
-(model_analyzer's index / load / unload) and classification (``class_count``, with the build's labels)."""
+(model_analyzer's index / load / unload: tests/serve/test_control.py) and classification (``class_count``, with the build's labels)."""
 
 from __future__ import annotations
 
@@ -85,32 +85,6 @@ def test_stats_follow_tritons_convention(serve, nano_build):
     )
     for b in batches.values():
         assert b["compute_infer"]["ns"] >= 20e6 * b["compute_infer"]["count"]
-
-
-def test_repository_index_load_unload(serve, nano_build):
-    """model_analyzer's calls: index, unload, load (the model serves again after it)."""
-    server = serve(nano_build)
-    c = _client(server)
-    assert c.get_model_repository_index() == [
-        {"name": "vit-nano", "version": "1", "state": "READY", "reason": ""}
-    ]
-    c.unload_model("vit-nano")
-    assert not c.is_model_ready("vit-nano") and not c.is_server_ready()
-    (entry,) = c.get_model_repository_index()
-    assert entry["state"] == "UNAVAILABLE" and entry["reason"] == "unloaded"
-    with pytest.raises(InferenceServerException, match="is unloaded") as info:
-        c.infer("vit-nano", [_input()])
-    assert info.value.status() == "503"
-    c.unload_model("vit-nano")  # idempotent
-    c.load_model("vit-nano")
-    assert c.is_model_ready("vit-nano") and c.is_server_ready()
-    assert c.infer("vit-nano", [_input()]).as_numpy("logits").shape == (1, 10)
-    with pytest.raises(InferenceServerException, match="the repository holds only 'vit-nano'"):
-        c.load_model("vit-tiny")
-    with pytest.raises(InferenceServerException, match=r"load parameters .* are not supported"):
-        c.load_model("vit-nano", config=json.dumps({"max_batch_size": 2}))
-    status, _, body = server.request("POST", "/v2/repository/index", b'{"ready": true}')
-    assert status == 200 and json.loads(body)[0]["state"] == "READY"
 
 
 def _classes(strings: np.ndarray) -> list[list[tuple[float, int, str | None]]]:

@@ -211,3 +211,33 @@ def test_classification_extension_over_grpc(client) -> None:
         assert indices == list(np.argsort(-logits[n], kind="stable")[:3])
     e = _grpc_error(client.infer, "vit-nano", [inp], outputs=[grpcclient.InferRequestedOutput("logits")] * 2)
     assert e.status() == "StatusCode.INVALID_ARGUMENT" and "is requested twice" in e.message()
+
+
+def test_infer_request_read_in_place_matches_protobuf(two_models) -> None:
+    """ModelInfer's own reading of the wire format: the same message as protobuf's, the tensors as views
+    of the bytes that arrived; a malformed message is refused, and the server goes on."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    from veo_edge.serve.grpc_wire import deserialize_infer_request
+
+    msg = service_pb2.ModelInferRequest(
+        model_name="vit-nano", id="r1", raw_input_contents=[b"ab", b"\0" * 300]
+    )
+    msg.inputs.add(name="input", datatype="FP32", shape=[1, 3, 32, 32]).parameters["p"].int64_param = -5
+    msg.outputs.add(name="logits").parameters["classification"].int64_param = 3
+    wire = msg.SerializeToString()
+    rest, raw = deserialize_infer_request(wire)
+    assert [bytes(r) for r in raw] == list(msg.raw_input_contents) and not rest.raw_input_contents
+    rest.raw_input_contents.extend(msg.raw_input_contents)
+    assert rest == msg
+    for bad in (wire[:-7], b"\x3a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"\x0b"):
+        with pytest.raises(ValueError):
+            deserialize_infer_request(bad)
+    with grpc.insecure_channel(two_models.grpc_url) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as info:
+            call(wire[:-7], timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "the ModelInferRequest is malformed: a field runs past the end" in info.value.details()
+    assert grpcclient.InferenceServerClient(two_models.grpc_url).is_server_ready()

@@ -300,6 +300,22 @@ def test_the_installed_uvicorn_has_every_hook_the_http_limits_build_on() -> None
         _unset_keepalive_if_required = None
 
     with pytest.raises(
-        VeoEdgeError, match=r"uvicorn 9\.9's .* no _unset_keepalive_if_required.*uvicorn>=0\.30"
+        VeoEdgeError, match=r"uvicorn 0\.54\.1's .* no _unset_keepalive_if_required.*uvicorn>=0\.30,<0\.56"
     ):
-        check_protocol_base(Renamed, "9.9")
+        check_protocol_base(Renamed, "0.54.1")
+    with pytest.raises(VeoEdgeError, match=r"uvicorn 0\.56\.0 is outside the range .* tested with"):
+        check_protocol_base(HttpToolsProtocol, "0.56.0")
+
+
+def test_pyproject_pins_the_tested_uvicorn_range() -> None:
+    """The one range the private-API subclass was tested on is what pip may install."""
+    from pathlib import Path
+
+    from veo_edge.serve.transport import UVICORN_TESTED
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    deps = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"][
+        "dependencies"
+    ]
+    assert f"uvicorn{','.join(UVICORN_TESTED)}" in deps

@@ -67,8 +67,12 @@ def test_a_timed_chaos_soak_counts_its_faults_and_loses_nothing(nano_build: Path
     assert injected["onnxruntime: device_lost once_at_s=5"] == 1
     # periods 1..4 of a 12 s run: the drain at its end still answers calls, at 12.0 s and a little on
     assert 1 <= injected["onnxruntime: oom every_s=3"] <= 4
-    assert chaos["total"] == sum(injected.values()) == fb["switches"]  # each fault: one fallback
-    assert fb["recoveries"] >= 1  # (openvino, up for under 0.5 s each time, may miss the 1 s samples)
+    assert chaos["total"] == sum(injected.values())
+    # an OOM is transient: its batch is re-run on openvino (the warm standby) and the traffic stays; the
+    # lost device moves it at once; every fault is counted (warm-ups of a recovery included)
+    assert fb["switches"] == 1 and fb["recoveries"] >= 1
+    assert fb["faults"] == {"onnxruntime": {"device_lost": 1, "oom": injected["onnxruntime: oom every_s=3"]}}
+    assert set(fb["retries"]) == {"openvino"} and fb["retries"]["openvino"]["ok"] >= 1
     events = [e["detail"] for e in report["events"] if e["kind"] == "chaos"]
     assert sum(int(d.split()[0]) for d in events) == chaos["total"]
     assert f"- chaos: {chaos['total']} faults injected (" in (tmp_path / "run" / "report.md").read_text()

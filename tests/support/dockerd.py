@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-def remove_root(root: Path) -> None:
+def remove_root(root: Path, wait: bool = True) -> None:
     """Delete an engine's root. dockerd leaves its network namespace (``exec/netns/default``) bind-mounted
-    when it stops, and a mount point cannot be removed: unmount what is mounted under the root first."""
+    when it stops, and a mount point cannot be removed: unmount what is mounted under the root first.
+    ``wait=False`` leaves the deletion of the (gigabytes of) image layers to an ``rm -rf`` that outlives
+    the call, so a session does not wait for it at its end."""
     prefix = str(Path(root).resolve()) + "/"
     try:
         mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
@@ -29,7 +31,11 @@ def remove_root(root: Path) -> None:
         mounts = []
     for target in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
         subprocess.run(["umount", "-l", target], capture_output=True, check=False)
-    shutil.rmtree(root, ignore_errors=True)
+    if wait:
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        subprocess.Popen(["rm", "-rf", "--one-file-system", str(root)], start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,13 +143,15 @@ class DockerEngine:
         if self._log is not None:
             self._log.close()
 
-    def close(self) -> None:
-        """Remove every container this engine runs, stop it by its PID, and delete its root."""
+    def close(self, wait: bool = True) -> None:
+        """Remove every container this engine runs (killed: no stop timeout to sit out), stop it by its
+        PID, and delete its root (``wait=False``: in the background, see :func:`remove_root`)."""
         if self.pid is not None:
-            for cid in self.docker("ps", "-aq", check=False).stdout.split():
-                self.docker("rm", "-f", cid, check=False)
+            cids = self.docker("ps", "-aq", check=False).stdout.split()
+            if cids:
+                self.docker("rm", "-f", *cids, check=False)
         self.stop()
-        remove_root(self.root)
+        remove_root(self.root, wait=wait)
 
     def ensure_base_image(self, tag: str = BASE_IMAGE) -> str:
         """Import the local Debian base (packaging/base/make-base-image.sh; cached tarball) if absent."""

@@ -11,7 +11,13 @@ import torch.nn.functional as F
 
 from veo_edge.export.parity import FLOOR_REL
 from veo_edge.surgery import reference
-from veo_edge.surgery.functions import PatchEmbedLayout, attention_function, op_model, patch_embed_function
+from veo_edge.surgery.functions import (
+    PatchEmbedLayout,
+    attention_function,
+    mark_overloads,
+    op_model,
+    patch_embed_function,
+)
 from veo_edge.surgery.spec import attention_spec, patch_embed_spec
 
 K = 8.0
@@ -46,6 +52,77 @@ def test_attention_body_matches_the_reference(batch, seq, heads, head_dim, scale
     )
     assert got.shape == (batch, seq, heads * head_dim)
     _within(got, ref, base.numpy())
+
+
+def _masked_bias(rng, shape):
+    """A relative-position-like bias with a Swin-like mask: -100 and -inf entries, and the first query
+    row of every table masked entirely (such a row must come out finite, not NaN)."""
+    bias = rng.standard_normal(shape).astype(np.float32)
+    bias[..., 1::3, ::2] = -100.0
+    bias[..., 2::5, 1::4] = -np.inf
+    bias[..., 0, :] = -np.inf
+    return bias
+
+
+@pytest.mark.parametrize("bias_batch, bias_heads", [(1, 2), (3, 1), (3, 2)])
+@pytest.mark.parametrize("opset", [17, 23])
+def test_attention_v2_body_adds_the_bias_row_n_mod_b(bias_batch, bias_heads, opset):
+    """Version 2: batch n adds bias row n mod B (Swin's windows of each image), heads broadcast."""
+    batch, seq, heads, head_dim, scale = 6, 17, 2, 48, 0.3
+    rng = np.random.default_rng(bias_batch * 10 + bias_heads)
+    qkv = rng.standard_normal((batch, seq, 3 * heads * head_dim)).astype(np.float32)
+    bias = _masked_bias(rng, (bias_batch, bias_heads, seq, seq))
+    node = attention_spec().make_onnx_node(
+        ["qkv", "bias"], ["out"], version="2", num_heads=heads, head_dim=head_dim, scale=scale
+    )
+    feeds = {"qkv": qkv, "bias": bias}
+    (got,) = _run(op_model(node, attention_function(opset, "2"), feeds, opset), feeds)
+    ref = reference.attention(qkv, bias, num_heads=heads, head_dim=head_dim, scale=scale)
+    assert np.isfinite(got).all() and np.isfinite(ref).all()
+    q, k, v = torch.from_numpy(qkv).reshape(batch, seq, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+    mask = torch.from_numpy(np.maximum(bias, np.finfo(np.float32).min))[torch.arange(batch) % bias_batch]
+    base = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    _within(got, ref, base.transpose(1, 2).reshape(batch, seq, -1).numpy())
+    # the fully masked first query row: every key gets the same weight (float32's lowest everywhere)
+    v_mean = qkv[:, :, 2 * heads * head_dim :].mean(axis=1)
+    np.testing.assert_allclose(got[:, 0], v_mean, rtol=1e-5, atol=1e-6)
+
+
+def test_version_1_and_version_2_nodes_run_side_by_side():
+    """A graph with both versions: each node runs its own body (function overloads), v1 unchanged."""
+    import onnx
+    from onnx import helper as h
+
+    heads, head_dim, seq = 2, 32, 9
+    rng = np.random.default_rng(5)
+    qkv = rng.standard_normal((4, seq, 3 * heads * head_dim)).astype(np.float32)
+    bias = _masked_bias(rng, (2, heads, seq, seq))
+    att = attention_spec()
+    v1 = att.make_onnx_node(["qkv"], ["out1"], version="1", num_heads=heads, head_dim=head_dim)
+    v2 = att.make_onnx_node(["qkv", "bias"], ["out2"], version="2", num_heads=heads, head_dim=head_dim)
+    f32 = onnx.TensorProto.FLOAT
+    graph = h.make_graph(
+        [v1, v2],
+        "both",
+        [h.make_tensor_value_info("qkv", f32, ["n", seq, 3 * heads * head_dim])],
+        [h.make_tensor_value_info(o, f32, None) for o in ("out1", "out2")],
+        [onnx.numpy_helper.from_array(bias, "bias")],
+    )
+    model = h.make_model(
+        graph,
+        opset_imports=[h.make_opsetid("", 17), h.make_opsetid(att.domain, 1)],
+        functions=[attention_function(17, "1"), attention_function(17, "2")],
+        ir_version=10,
+    )
+    assert mark_overloads(model)
+    assert [n.overload for n in model.graph.node] == ["", "v2"]
+    out1, out2 = _run(model, {"qkv": qkv})
+    # each node computes exactly what its version's body computes alone
+    alone1 = op_model(v1, attention_function(17, "1"), {"qkv": qkv}, 17)
+    alone2 = op_model(v2, attention_function(17, "2"), {"qkv": qkv, "bias": bias}, 17)
+    np.testing.assert_array_equal(out1, _run(alone1, {"qkv": qkv})[0])
+    np.testing.assert_array_equal(out2, _run(alone2, {"qkv": qkv, "bias": bias})[0])
+    assert np.abs(out1 - out2).max() > 0.1  # the bias matters
 
 
 PE_CASES = [

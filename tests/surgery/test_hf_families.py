@@ -90,9 +90,9 @@ EXPECT = {
     ("vit", "torchscript"): (2, 2, set()),
     ("deit", "torchscript"): (2, 2, set()),
     ("dinov2", "torchscript"): (2, 2, set()),
-    ("beit", "torchscript"): (0, 2, {"no_mask"}),
-    ("data2vec-vision", "torchscript"): (0, 2, {"no_mask"}),
-    ("swin", "torchscript"): (0, 2, {"no_mask"}),
+    ("beit", "torchscript"): (2, 2, set()),  # relative position bias: VeoAttention v2
+    ("data2vec-vision", "torchscript"): (2, 2, set()),
+    ("swin", "torchscript"): (2, 2, set()),  # windows, unshifted and shifted (bias + mask)
     ("videomae", "torchscript"): (2, 2, set()),
     ("timesformer", "torchscript"): (4, 4, set()),
     ("vivit", "torchscript"): (2, 2, set()),
@@ -100,6 +100,7 @@ EXPECT = {
     ("videomae", "dynamo"): (2, 2, set()),
 }
 VIDEO = {"videomae", "timesformer", "vivit"}
+BIASED = {"beit", "data2vec-vision", "swin"}
 
 
 @pytest.mark.slow
@@ -132,8 +133,8 @@ def test_a_hugging_face_checkpoint_builds_with_what_fuses_said_per_family(family
     print(f"{family}/{exporter}: " + json.dumps({k: v["fused"] for k, v in report["families"].items()}))
     assert (attention["fused"], attention["candidates"]) == (fused, candidates), report["families"]
     assert {g["check"] for g in attention["left_alone"]} == left
-    if "no_mask" in left:
-        assert "not supported by VeoAttention v1" in attention["left_alone"][0]["why"]
+    biased = [r["attrs"]["bias"] for r in report["regions"] if r["op"] == "VeoAttention" and r["replaced"]]
+    assert all((b is not None) == (family in BIASED) for b in biased), biased
     patch = report["families"]["patch embedding"]
     assert patch["fused"] == 1, patch
     assert m["surgery"]["replaced"] == fused + 1

@@ -130,7 +130,9 @@ S, E, H = 10, 24, 3
 def _attention_graph(kind: str, opset: int = 23) -> onnx.ModelProto:
     """input (N, S, E) -> packed projection -> attention -> output projection, for ``kind``:
     "attention4d" / "attention3d" (the ONNX Attention op on 4-D heads or 3-D packed tensors),
-    "masked" (an additive mask before the softmax), "probs_out" (the probabilities are a graph output)."""
+    "masked" (a constant additive mask before the softmax), "masked4d" (the same as the Attention op's
+    float attn_mask), "input_masked" / "input_masked4d" (a key mask computed from the input's values),
+    "probs_out" (the probabilities are a graph output)."""
     rng = np.random.default_rng(11)
     d = E // H
     inits = [
@@ -147,6 +149,22 @@ def _attention_graph(kind: str, opset: int = 23) -> onnx.ModelProto:
     ]
     nodes = [h.make_node("MatMul", ["input", "w_qkv"], ["mm"]), h.make_node("Add", ["mm", "b_qkv"], ["qkv"])]
     outputs = []
+    mask = "mask"
+    if kind.startswith("input_masked"):  # (N, 1, 1, S): -1e4 where a token's features sum below zero
+        inits += [
+            h.make_tensor("axes_e", onnx.TensorProto.INT64, [1], [2]),
+            h.make_tensor("axes_key", onnx.TensorProto.INT64, [2], [1, 2]),
+            h.make_tensor("zero_f", onnx.TensorProto.FLOAT, [], [0.0]),
+            h.make_tensor("big_neg", onnx.TensorProto.FLOAT, [], [-1e4]),
+        ]
+        nodes += [
+            h.make_node("ReduceSum", ["input", "axes_e"], ["tok_sum"], keepdims=0),
+            h.make_node("Less", ["tok_sum", "zero_f"], ["dropped"]),
+            h.make_node("Where", ["dropped", "big_neg", "zero_f"], ["key_mask"]),
+            h.make_node("Unsqueeze", ["key_mask", "axes_key"], ["input_mask"]),
+        ]
+        mask = "input_mask"
+    masked = "masked" in kind
     if kind == "attention3d":
         nodes += [
             h.make_node("Split", ["qkv", "thirds"], ["q", "k", "v"], axis=-1),
@@ -161,17 +179,18 @@ def _attention_graph(kind: str, opset: int = 23) -> onnx.ModelProto:
         ]
         inits.append(h.make_tensor("zero", onnx.TensorProto.INT64, [1], [0]))
         inits.append(h.make_tensor("ones3", onnx.TensorProto.INT64, [3], [1, 1, 1]))
-        if kind == "attention4d":
-            nodes.append(h.make_node("Attention", ["q", "k", "v"], ["ctx4"], scale=0.2))
+        if kind == "attention4d" or kind.endswith("masked4d"):
+            ins = ["q", "k", "v"] + ([mask] if masked else [])
+            nodes.append(h.make_node("Attention", ins, ["ctx4"], scale=0.2))
         else:
             nodes += [
                 h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
                 h.make_node("MatMul", ["q", "kt"], ["s0"]),
                 h.make_node("Mul", ["s0", "scale"], ["s1"]),
             ]
-            if kind == "masked":
+            if masked:
                 nodes += [
-                    h.make_node("Add", ["s1", "mask"], ["s2"]),
+                    h.make_node("Add", ["s1", mask], ["s2"]),
                     h.make_node("Softmax", ["s2"], ["p"], axis=-1),
                 ]
             else:
@@ -208,15 +227,24 @@ class _PlainReference:
         return out, out + 64 * np.finfo(np.float32).eps * np.abs(out).max()
 
 
-@pytest.mark.parametrize("kind", ["attention4d", "attention3d"])
-def test_the_onnx_attention_op_is_replaced(kind, tmp_path):
-    model = _attention_graph(kind)
+@pytest.mark.parametrize("kind", ["attention4d", "attention3d", "masked4d", "masked"])
+def test_the_onnx_attention_op_and_a_constant_mask_are_replaced(kind, tmp_path):
+    model = _attention_graph(kind, opset=17 if kind == "masked" else 23)
     inj = PluginInjection((S, E))(model)
     assert inj.report.counts()["VeoAttention"] == {"candidates": 1, "matched": 1, "replaced": 1}
     (region,) = inj.report.regions
-    assert region.anchor_op == "Attention"
+    assert region.anchor_op == ("Softmax" if kind == "masked" else "Attention")
     assert (region.attrs["num_heads"], region.attrs["head_dim"]) == (H, E // H)
-    assert region.attrs["scale"] == pytest.approx(0.2)
+    assert region.attrs["scale"] == pytest.approx(1 / np.sqrt(E // H) if kind == "masked" else 0.2)
+    (node,) = [n for n in inj.plugin_model.graph.node if n.op_type == "VeoAttention"]
+    version = next(a.s for a in node.attribute if a.name == "plugin_version")
+    if "masked" in kind:  # the mask is the version-2 node's constant bias input, (1, 1, S, S)
+        assert region.attrs["bias"] == [1, 1, S, S] and version == b"2" and len(node.input) == 2
+        init = {i.name: i for i in inj.plugin_model.graph.initializer}[node.input[1]]
+        want = np.triu(np.full((S, S), -1e4, np.float32), 1)
+        np.testing.assert_array_equal(onnx.numpy_helper.to_array(init)[0, 0], want)
+    else:
+        assert region.attrs["bias"] is None and version == b"1" and len(node.input) == 1
     ref = _PlainReference(model)
     checks = reference_check(inj.reference_model, lambda x: ref(x)[0], ref, (S, E), BATCHES, seed=1)
     assert all(c["passed"] for c in checks), checks
@@ -225,21 +253,23 @@ def test_the_onnx_attention_op_is_replaced(kind, tmp_path):
 @pytest.mark.parametrize(
     "kind, check, detail",
     [
-        ("masked", "no_mask", r"comes from Add, expected MatMul\(Q, K\^T\)"),
+        ("input_masked", "input_bias", r"added to the scores before the softmax \(Unsqueeze .*\) depends on"),
+        ("input_masked4d", "input_bias", r"attn_mask \(Unsqueeze .*\) depends on the input's values"),
         ("probs_out", "contained", r"intermediate result of the region \(Softmax"),
     ],
 )
 def test_regions_that_are_not_plain_attention_are_left_with_the_reason(kind, check, detail):
-    model = _attention_graph(kind, opset=17)
+    model = _attention_graph(kind, opset=23 if kind.endswith("4d") else 17)
     inj = PluginInjection((S, E))(model)
     (region,) = inj.report.regions
     assert not region.replaced and region.check == check
     assert re.search(detail, region.detail), region.detail
     assert "NOTHING MATCHED" in inj.report.lines()[-1]
-    assert [n.op_type for n in inj.plugin_model.graph.node].count("Softmax") == 1
+    anchor_op = "Attention" if kind.endswith("4d") else "Softmax"
+    assert [n.op_type for n in inj.plugin_model.graph.node].count(anchor_op) == 1
     (left,) = inj.report.families()["attention"]["left_alone"]
     assert (left["check"], left["count"]) == (check, 1)
-    advice = {"no_mask": "not supported by VeoAttention v1", "contained": "read outside the region"}[check]
+    advice = {"input_bias": "depends on the input", "contained": "read outside the region"}[check]
     assert advice in left["why"]
     assert any(line.startswith(f"  attention left alone (1×): {check}: ") for line in inj.report.lines())
 

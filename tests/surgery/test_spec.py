@@ -11,8 +11,11 @@ from veo_edge.surgery.spec import SpecError, attention_spec, load_spec, patch_em
 
 def test_both_specs_load_with_their_attributes_and_io():
     att, pe = attention_spec(), patch_embed_spec()
-    assert (att.name, att.version, att.namespace, att.domain) == ("VeoAttention", "1", "veo", "trt.plugins")
+    assert (att.name, att.version, att.namespace, att.domain) == ("VeoAttention", "2", "veo", "trt.plugins")
+    assert att.versions == ("1", "2") and pe.versions == ("1",)
     assert [a.name for a in att.attributes] == ["num_heads", "head_dim", "scale"]
+    assert [t.name for t in att.inputs_of("1")] == ["qkv"]
+    assert [(t.name, t.optional) for t in att.inputs_of("2")] == [("qkv", False), ("bias", True)]
     assert [t.name for t in pe.inputs][:3] == ["x", "weight", "bias"]
     assert [t.name for t in pe.outputs] == ["tokens", "tokens_ln"]
     assert pe.attr("num_prefix_tokens").max == 2
@@ -24,9 +27,20 @@ def test_defaults_are_written_out_and_plugin_fields_added():
         "num_heads": 3,
         "head_dim": 64,
         "scale": 0.0,
-        "plugin_version": "1",
+        "plugin_version": "2",
         "plugin_namespace": "veo",
     }
+    assert attention_spec().node_attrs(version="1", num_heads=3, head_dim=64)["plugin_version"] == "1"
+
+
+def test_a_node_takes_the_inputs_of_its_version():
+    att = attention_spec()
+    node = att.make_onnx_node(["qkv", "bias"], ["out"], version="2", num_heads=2, head_dim=8)
+    assert list(node.input) == ["qkv", "bias"]
+    with pytest.raises(SpecError, match=r"VeoAttention version 1 takes 1\.\.1 inputs \(qkv\), got 2"):
+        att.make_onnx_node(["qkv", "bias"], ["out"], version="1", num_heads=2, head_dim=8)
+    with pytest.raises(SpecError, match=r"VeoAttention has no version '3'; the spec .* lists: 1, 2"):
+        att.make_onnx_node(["qkv"], ["out"], version="3", num_heads=2, head_dim=8)
 
 
 def test_node_has_the_domain_and_plugin_attributes():

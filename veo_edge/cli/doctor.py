@@ -6,9 +6,13 @@ import typer
 
 from veo_edge.cli._common import console, print_json
 
+#: what a failed probe means where it is not a missing component
+_MISSING = {"int8": "slow"}
+
 
 def doctor(json_out: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """Probe CPU, GPU/driver (NVML), TensorRT, ONNX Runtime, OpenVINO and the Docker engine."""
+    """Probe CPU (and whether it runs int8 fast: VNNI or AMX), GPU/driver (NVML), TensorRT, ONNX Runtime,
+    OpenVINO and the Docker engine."""
     from veo_edge.runtime.probes import probe_all
 
     probes = probe_all()
@@ -22,7 +26,7 @@ def doctor(json_out: bool = typer.Option(False, "--json", help="Machine-readable
     table.add_column("status")
     table.add_column("details")
     for p in probes:
-        status = "[green]ok[/]" if p.ok else "[yellow]absent[/]"
+        status = "[green]ok[/]" if p.ok else f"[yellow]{_MISSING.get(p.name, 'absent')}[/]"
         table.add_row(p.name, status, p.detail if p.ok else (p.reason or ""))
     console().print(table)
 

@@ -31,6 +31,7 @@ def inspect(
         "max_batch": m.get("max_batch"),
         "precision": m.get("precision"),
         "cpu_precision": m.get("cpu_precision"),
+        "canary_source": (m.get("canary") or {}).get("source"),
         "canary_tolerances": {
             "f32": {k: (m.get("canary") or {}).get(k) for k in ("atol", "min_cosine")},
             **((m.get("canary") or {}).get("precisions") or {}),
@@ -61,6 +62,8 @@ def inspect(
 
         for line in summary_lines(summary["cpu_precision"]):
             c.print(f"  {line}", soft_wrap=True, markup=False)
+        if summary["canary_source"]:
+            c.print(f"  canary input: {summary['canary_source']}", soft_wrap=True, markup=False)
         for p, tol in summary["canary_tolerances"].items():
             c.print(
                 f"  canary tolerance at {p}: max abs {tol['atol']:.3g}, cosine >= {tol['min_cosine']:.6f}"

@@ -46,6 +46,33 @@ def serve(
         help="Before serving, run every batch size once on every infer request the batcher can use (the "
         "first batch of each size then runs at full speed, and memory stays at what it reaches here).",
     ),
+    shared_memory: bool = typer.Option(
+        False,
+        "--shared-memory/--no-shared-memory",
+        help="Triton's shared-memory extension: clients on this host register /dev/shm regions and pass "
+        "tensors through them (off by default: a client that may register can read and write any segment "
+        "this server's user can open).",
+    ),
+    model_control_mode: str = typer.Option(
+        "none",
+        "--model-control-mode",
+        envvar="VEO_EDGE_MODEL_CONTROL_MODE",
+        help="none: model load/unload are refused (403); explicit: they are on and need the control token.",
+    ),
+    control_token_file: Path = typer.Option(
+        None,
+        "--control-token-file",
+        envvar="VEO_EDGE_CONTROL_TOKEN_FILE",
+        help="File holding the bearer token for model control and --restrict-api groups (a mounted "
+        "secret); or set VEO_EDGE_CONTROL_TOKEN to the token itself.",
+    ),
+    restrict_api: str = typer.Option(
+        None,
+        "--restrict-api",
+        envvar="VEO_EDGE_RESTRICT_API",
+        help="More API groups behind the token, comma-separated: health, metadata, inference, statistics, "
+        "shared-memory, model-repository.",
+    ),
     performance_hint: str = typer.Option(
         "ADAPTIVE",
         "--performance-hint",
@@ -64,6 +91,8 @@ def serve(
     from veo_edge.errors import UsageError
     from veo_edge.runtime.runtime import Runtime
     from veo_edge.serve.app import ServeOptions
+    from veo_edge.serve.control import load_token, make_policy
+    from veo_edge.serve.listen import check_free
     from veo_edge.serve.repository import find_models
     from veo_edge.serve.server import serve_async
     from veo_edge.serve.transport import Limits
@@ -84,6 +113,7 @@ def serve(
         )
     if read_timeout <= 0:
         raise UsageError(f"--read-timeout {read_timeout} must be positive")
+    access = make_policy(model_control_mode, load_token(control_token_file), (restrict_api or "").split(","))
     names = [p.strip() for p in policy.split(",") if p.strip()] if policy is not None else None
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     options = ServeOptions(
@@ -100,6 +130,8 @@ def serve(
         grpc_port=None if grpc_port < 0 else grpc_port,
         metrics_port=None if metrics_port < 0 else metrics_port,
         warmup=warmup,
+        shared_memory=shared_memory,
+        access=access,
     )
 
     def runtime_for(build) -> Callable[[], Runtime]:
@@ -116,16 +148,10 @@ def serve(
 
         return make
 
+    check_free(host, {"--port": port, "--grpc-port": grpc_port, "--metrics-port": metrics_port})
     makers = {entry.name: runtime_for(entry.build) for entry in find_models(build_dirs, model_name)}
-    runtimes: dict[str, Runtime] = {}
-    try:
-        for name, make in makers.items():  # each model: its own runtime, batcher and readiness
-            runtimes[name] = make()
-        code = _run(serve_async(runtimes, options, make_runtime=makers))
-    finally:
-        for runtime in runtimes.values():
-            runtime.close(drain=False)
-    raise typer.Exit(code)
+    # the ports are bound first (a taken one fails at once), then each model's runtime is made
+    raise typer.Exit(_run(serve_async(None, options, make_runtime=makers)))
 
 
 def _run(coro):

@@ -148,7 +148,10 @@ def load(path_or_id: str, attn_implementation: str | None = None) -> HfModel:
     notes = []
     if output != "logits":
         notes.append(f"{arch or model_type} has no classification head: the build serves its {output}")
-    name = path.name if path.name and not path.name.startswith(".") else model_type
+    # a hub snapshot's folder is named by its commit: name the build after the id instead
+    local = Path(path_or_id).expanduser().is_dir()
+    name = path.name if local else path_or_id.rstrip("/").rsplit("/", 1)[-1]
+    name = name if name and not name.startswith(".") else model_type
     return HfModel(
         module=module,
         name=name,

@@ -20,11 +20,11 @@ from veo_edge import __version__
 from veo_edge.builddir import BuildDir, artifact_entry, write_manifest
 from veo_edge.errors import ParityError, UsageError
 from veo_edge.export.accuracy import MAX_ACCURACY_DROP
-from veo_edge.export.canary import MIN_COSINE, Canary, compare_canary
+from veo_edge.export.canary import MIN_COSINE, Canary, canary_sample, compare_canary
 from veo_edge.export.hf_source import HuggingFaceSource
 from veo_edge.export.onnx_export import Exporter, OnnxExport, check_onnx
 from veo_edge.export.openvino_ir import OpenVinoConvert
-from veo_edge.export.parity import ParityStats, TorchReference, check_all, seeded_inputs
+from veo_edge.export.parity import ParityStats, TorchReference, check_all
 from veo_edge.export.source import BuiltinSource, LoadedModel, ModuleSource, OnnxSource, inline_external_data
 from veo_edge.pipeline.progress import StageReporter
 from veo_edge.runtime.backends.openvino import SERVED_PRECISIONS
@@ -32,7 +32,7 @@ from veo_edge.staging import BuildOutput
 
 Source = BuiltinSource | ModuleSource | OnnxSource | HuggingFaceSource
 
-#: seed of the golden canary input; fixed so that every build of a model has the same canary
+#: seed of the golden canary input of a build without data; fixed so every such build has the same one
 CANARY_SEED = 20_240_611
 PARITY_SEED = 1234
 
@@ -161,7 +161,8 @@ def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: Stage
                 reference = _OnnxReference(runs.pop("onnxruntime"))
                 parity = check_all(runs, reference, loaded.input_shape, batches, PARITY_SEED, fp16)
         with rep.stage("canary", "Recording the golden canary"):
-            canary = _write_canary(stage, loaded, reference, runs, parity)
+            sample = canary_sample(loaded, opts.calibration, opts.val, CANARY_SEED)
+            canary = _write_canary(stage, sample, reference, runs, parity)
         from veo_edge.pipeline.precision import run_precision_stage
 
         golden = Canary(
@@ -256,11 +257,16 @@ class _OnnxReference:
 
 
 def _write_canary(
-    stage: Path, loaded: LoadedModel, reference: Any, runs: dict[str, Any], parity: list[ParityStats]
+    stage: Path,
+    sample: tuple[np.ndarray, dict[str, Any]],
+    reference: Any,
+    runs: dict[str, Any],
+    parity: list[ParityStats],
 ) -> dict[str, Any]:
-    """A fixed small input and its expected (PyTorch float32) output, which every backend must reproduce
-    within the build's batch-1 parity tolerance, by the rule the healthcheck applies later."""
-    x = seeded_inputs(loaded.input_shape, 1, CANARY_SEED)
+    """A real input where the build has one (:func:`~veo_edge.export.canary.canary_sample`) and its
+    expected (PyTorch float32) output, which every backend must reproduce within the build's batch-1
+    parity tolerance, by the rule the healthcheck applies later."""
+    x, described = sample
     ref64, expected = reference(x)
     atol = max(s.tolerance for s in parity if s.batch == 1)
     # the expected output is float32, so allow for its own rounding against the float64 reference
@@ -276,7 +282,7 @@ def _write_canary(
     return {
         "input": "canary/input.npy",
         "expected": "canary/expected.npy",
-        "seed": CANARY_SEED,
+        **described,
         "atol": atol,
         "min_cosine": MIN_COSINE,
     }

@@ -125,6 +125,11 @@ def run_precision_stage(
     xml = fp32_xml
     held_out: Data | None = None
     if served == "int8":
+        from veo_edge.runtime.probes import probe_int8
+
+        speed = probe_int8()
+        if not speed.ok:
+            rep.note(f"warning: {speed.reason}")
         from veo_edge.export.quantize import SETTINGS, Int8Quantize
 
         cal = _calibration(loaded, opts.calibration)

@@ -309,6 +309,9 @@ class Batcher:
                     self._running -= len(taken_items) - len(items)
             if items:
                 self._run(items, slot, reason)
+            # hold no sample while waiting for the next batch: a sample may be a view of a request's
+            # body or of a shared-memory region that its owner is about to release
+            del taken, taken_items, items
 
     def _buffer(self, n: int, slot: int) -> np.ndarray:
         buf = self._buffers[slot]

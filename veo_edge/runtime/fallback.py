@@ -1,21 +1,34 @@
-"""The fallback at run time: which candidate is active, how a batch runs on it, and the switch to the next
-one when it fails (and back when an earlier one recovers).
+"""The fallback at run time: the active candidate, a warm standby behind it, the retry of a failed batch
+on the candidates after the failing one, and the switch when a backend fails for good.
 
 :mod:`veo_edge.runtime.policy` decides the candidates, their order and how each is probed and made;
-:class:`Fallback` holds the active runner among them behind a gate (batches share it, activation and
-switching take it alone) and keeps the history that :class:`RuntimeState` shows. The runtime above it
-owns the requests, the batcher and the counters.
+:class:`Fallback` holds the activated runners among them (the active one and its standby) behind a gate
+(batches share it; activation, switching and closing take it alone), counts every fault, retry and
+switch, and keeps the history that :class:`RuntimeState` shows. The runtime above it owns the requests,
+the batcher and the canary that warms a runner before it takes traffic.
+
+The rules (docs/serving.md, "Faults, retries and fallback"):
+
+- **Standby.** The first usable candidate after the active one is activated and warmed (``check``: the
+  golden canary at the build's largest batch, by the rule of the precision it serves) before it takes any
+  traffic; one that fails its warm-up is skipped with the reason. After a switch the next one is prepared
+  in the background.
+- **Retry.** A batch that fails on a backend is re-run on every candidate after it that can run (the
+  standby first; one never tried is activated and warmed then), once each, and, when the failure was
+  transient, once more on the backend it failed on, before any of its requests gets an error.
+- **Switch.** A lost device (:class:`~veo_edge.errors.DeviceLostError`) switches at once. Out of memory
+  and any other backend error are transient: the backend keeps new batches until :data:`SWITCH_AFTER`
+  consecutive failed calls (a success resets the count), then traffic moves to the standby. A standby
+  that fails the same way is dropped and the one after it prepared.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -30,54 +43,33 @@ from veo_edge.errors import (
     VeoEdgeError,
 )
 from veo_edge.runtime.backends.base import Runner, Verdict
+from veo_edge.runtime.gate import Gate
+from veo_edge.runtime.state import (
+    HISTORY,
+    CandidateStatus,
+    Held,
+    RuntimeState,
+    Tally,
+    fault_kind,
+    no_backend_error,
+    release,
+    short,
+)
+
+__all__ = ["SWITCH_AFTER", "Fallback"]
 
 log = logging.getLogger("veo_edge.runtime")
 
-#: how many skips and switches the runtime's state keeps (the newest); counters are not capped
-HISTORY = 256
-
-
-def _short(reason: str, limit: int = 120) -> str:
-    """The first line of a reason, cut at ``limit`` characters (the full one goes to the details)."""
-    line = reason.strip().splitlines()[0] if reason.strip() else reason
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-@dataclass(frozen=True)
-class CandidateStatus:
-    name: str
-    status: str  # untried | active | standby | skipped | failed | disabled
-    reason: str | None = None
-
-
-@dataclass(frozen=True)
-class RuntimeState:
-    """A snapshot of the runtime's backend selection and fallback history."""
-
-    active_backend: str | None
-    candidates: list[CandidateStatus]
-    skipped: list[dict[str, str]]
-    switches: list[dict[str, Any]]
-    fallback_count: int
-    ready: bool
-    closed: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def concurrency(runner: Runner | None) -> int:
-    """How many batches ``runner`` runs in parallel (its ``concurrency``; 1 when it does not say)."""
-    target = getattr(runner, "inner", runner)
-    return max(1, int(getattr(target, "concurrency", 1) or 1))
+#: consecutive failed calls after which a transient fault (out of memory, backend error) moves traffic
+SWITCH_AFTER = 3
 
 
 class Fallback:
-    """The active runner among ``names`` (in policy order) and the switches between them.
+    """The activated runners among ``names`` (in policy order), the retries and switches between them.
 
-    ``probe(name)`` says whether a candidate can run here, ``make(name)`` creates its (unactivated) runner;
-    ``where`` names the build in the error raised when none can run. ``fallback=False``: a failing batch
-    is an error, not a switch. Nothing is probed or activated before :meth:`activate_from`."""
+    ``probe(name)``: can a candidate run here; ``make(name)``: its (unactivated) runner; ``check(name,
+    runner)``: warm an activated one, may it take traffic (``ok``, ``reason``, ``to_dict()``); ``where``:
+    the build, named when none can run. ``fallback=False``: no standby, no retry, failures are errors."""
 
     def __init__(
         self,
@@ -88,24 +80,35 @@ class Fallback:
         make: Callable[[str], Runner],
         fallback: bool,
         where: str,
+        check: Callable[[str, Runner], Any] | None = None,
     ) -> None:
         self.names = list(names)
         self.fallback = fallback
-        self._probe, self._make, self._where = probe, make, where
-        # batches run on the runner under the gate's shared side, at most the runner's concurrency at
-        # once (_slots); activation, switching and closing take its exclusive side
+        self._probe, self._make, self._check, self._where = probe, make, check, where
         self.gate = Gate()
-        self._slots = threading.BoundedSemaphore(1)
-        self._lock = threading.Lock()
-        self.runner: Runner | None = None
-        self._active: int | None = None  # index into self.names
+        self._lock = threading.Lock()  # counters, statuses, histories
+        self._standby_lock = threading.Lock()  # one activation of a standby at a time
+        self._held: dict[int, Held] = {}  # index -> activated runner: the active one and standbys
+        self._active: int | None = None
         self._status = {n: CandidateStatus(n, "untried") for n in self.names}
         for n in disabled:
             self._status[n] = CandidateStatus(n, "disabled", "fallback is off (--no-fallback)")
         # bounded histories: a runtime that probes for recovery for days must not grow without limit
         self._skipped: deque[dict[str, str]] = deque(maxlen=HISTORY)
         self._switches: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self._verified: dict[str, Any] = {}
         self.fallback_count = 0  # failures switched away from, counted beyond the history's length
+        self.tally = Tally()  # faults and retries
+        self._due: tuple[int, Runner, BaseException] | None = None  # a switch the next settle makes
+        self._retired: list[Runner] = []  # dropped standbys, released under the exclusive gate
+        self._prepare_due = False  # a standby was dropped: the next settle prepares another
+        self._closed = False
+
+    # -- observation ------------------------------------------------------------------------------
+    @property
+    def runner(self) -> Runner | None:
+        held = self._held.get(self._active) if self._active is not None else None
+        return held.runner if held is not None else None
 
     @property
     def active_backend(self) -> str | None:
@@ -126,14 +129,29 @@ class Fallback:
                 fallback_count=self.fallback_count,
                 ready=started and not closed and self.runner is not None,
                 closed=closed,
+                verified={n: r.to_dict() for n, r in self._verified.items()},
             )
+
+    def counters(self) -> dict[str, Any]:
+        """Faults by backend and kind, retries by the backend they ran on and outcome, switches, standby."""
+        with self._lock:
+            standby = min((k for k in tuple(self._held) if k != self._active), default=None)
+            return {
+                **self.tally.snapshot(),
+                "fallback_switches": self.fallback_count,
+                "standby_backend": None if standby is None else self.names[standby],
+            }
 
     def _set_status(self, name: str, status: str, reason: str | None = None) -> None:
         with self._lock:
             self._status[name] = CandidateStatus(name, status, reason)
+            if status in ("failed", "skipped", "untried"):
+                self._verified.pop(name, None)
 
-    def _try(self, index: int) -> Runner | None:
-        """Probe and activate candidate ``index``; ``None`` (and a recorded skip) when it cannot run."""
+    # -- activation -------------------------------------------------------------------------------
+    def _try(self, index: int, warm: bool = False) -> Runner | None:
+        """Probe and activate candidate ``index`` (and, with ``warm``, pass it through the warm-up check);
+        ``None`` (and a recorded skip) when it cannot run."""
         name = self.names[index]
         verdict = self._probe(name)
         reason = verdict.reason
@@ -143,6 +161,22 @@ class Fallback:
                 runner = self._make(name).activate()
             except (BackendUnavailableError, BackendError, ModelLoadError) as e:
                 reason = str(e)
+        if runner is not None and warm and self._check is not None:
+            try:
+                result = self._check(name, runner)
+                reason = None if result.ok else f"warm-up canary failed: {result.reason}"
+            except (InputError, UsageError):
+                raise
+            except Exception as e:  # the runner failed on the warm-up batch: a fault of its own
+                error = e if isinstance(e, VeoEdgeError) else BackendError(f"{type(e).__name__}: {e}")
+                self.tally.fault(name, fault_kind(error))
+                reason = f"warm-up failed: {type(error).__name__}: {error}"
+            if reason is not None:
+                release(runner, name)
+                runner = None
+            else:
+                with self._lock:
+                    self._verified[name] = result
         if runner is None:
             reason = reason or "unusable (no reason given)"
             log.info("backend %s skipped: %s", name, reason)
@@ -151,85 +185,178 @@ class Fallback:
                 self._status[name] = CandidateStatus(name, "skipped", reason)
         return runner
 
-    def activate_from(self, first: int, failure: str | None = None) -> None:
+    def activate_from(self, first: int, failure: str | None = None, warm: bool = False) -> None:
         """Activate the first usable candidate at or after ``first`` (under the exclusive side of the
         gate); raise :class:`NoBackendError` with every candidate's reason when none is."""
         for i in range(first, len(self.names)):
-            runner = self._try(i)
+            held = self._held.pop(i, None)  # a standby there is warm already
+            runner = held.runner if held is not None else self._try(i, warm)
             if runner is not None:
                 self._use(runner, i)
                 log.info("backend %s active", self.names[i])
                 return
         names = self.names[first:]
-        skipped = [dict(s) for s in self._skipped if s["backend"] in names]
-        latest = {s["backend"]: s["reason"] for s in skipped}
-        tried = "; ".join(f"{n}: {_short(latest[n])}" for n in names if n in latest)
-        hint = (
-            "Fallback is off (--no-fallback): allow it, or fix the first backend; "
-            if not self.fallback
-            else ""
-        )
-        error = NoBackendError(
-            f"no backend can run build {self._where}"
-            + (f" after {_short(failure)}" if failure else "")
-            + f" (tried {', '.join(names) or 'none'}): {tried or 'none left'}; {hint}"
-            "--json or --debug shows each backend's full reason, `veo-edge doctor` what this machine has"
-        )
-        error.details = {"tried": names, "skipped": [{"backend": n, "reason": latest[n]} for n in latest]}
-        raise error
+        raise no_backend_error(self._where, names, list(self._skipped), failure, self.fallback)
 
     def _use(self, runner: Runner, index: int) -> None:
         """Make ``runner`` the active one (under the exclusive side of the gate)."""
-        self.runner, self._active = runner, index
-        self._slots = threading.BoundedSemaphore(concurrency(runner))
+        self._held[index] = Held(runner)
+        self._active = index
         self._set_status(self.names[index], "active")
 
+    def prepare_standby(self) -> None:
+        """Activate and warm the first never-tried candidate after the active one as its standby, unless
+        one is held already. Batches keep running meanwhile."""
+        if not self.fallback:
+            return
+        with self.gate.shared():
+            active = self._active
+            for j in range(len(self.names) if active is None else active + 1, len(self.names)):
+                if self._closed or any(k > j for k in tuple(self._held)) or self._standby(j) is not None:
+                    return
+
+    def _prepare_in_background(self) -> None:
+        threading.Thread(target=self.prepare_standby, name="veo-edge-standby", daemon=True).start()
+
+    # -- running a batch --------------------------------------------------------------------------
     def run(self, feed: dict[str, np.ndarray], output: str) -> np.ndarray:
-        """Run one batch on the active backend; on a backend failure switch to the next and re-run it.
+        """Run one batch on the active backend; on a failure retry it on the candidates after it (see
+        the module docstring). Several batches may run at once, up to each runner's concurrency."""
+        with self.gate.shared():
+            index = self._active
+            held = self._held.get(index) if index is not None else None
+            if index is None or held is None:
+                raise NoBackendError(
+                    "no backend is active (all failed or the runtime is closed); see runtime.state"
+                )
+            out, error = self._attempt(index, held, feed, output)
+            if error is not None and self.fallback:
+                out = self._retry(index, held, error, feed, output)
+        self._settle()
+        if out is None:
+            assert error is not None
+            log.warning("a batch failed on every backend it was tried on: %s", short(str(error)))
+            raise error
+        return out
 
-        Several batches may run at once, up to the runner's own concurrency."""
-        while True:
-            with self.gate.shared():
-                runner, index, slots = self.runner, self._active, self._slots
-                if runner is None or index is None:
-                    raise NoBackendError(
-                        "no backend is active (all failed or the runtime is closed); see runtime.state"
-                    )
-                try:
-                    with slots:
-                        return runner.infer(feed)[output]
-                except (InputError, UsageError):
-                    raise
-                except VeoEdgeError as e:
-                    error: Exception = e
-                except Exception as e:  # a runner bug or a library error it did not wrap
-                    error = BackendError(f"{self.names[index]} failed: {type(e).__name__}: {e}")
-            if not self.fallback or index + 1 >= len(self.names):
-                raise error
-            with self.gate:
-                if self.runner is runner:  # not yet switched away by a concurrent batch
+    def _attempt(
+        self, index: int, held: Held, feed: dict[str, np.ndarray], output: str
+    ) -> tuple[np.ndarray | None, BaseException | None]:
+        try:
+            with held.slots:
+                out = held.runner.infer(feed)[output]
+        except (InputError, UsageError):
+            raise
+        except VeoEdgeError as e:
+            error: BaseException = e
+        except Exception as e:  # a runner bug or a library error it did not wrap
+            error = BackendError(f"{self.names[index]} failed: {type(e).__name__}: {e}")
+        else:
+            held.failures = 0
+            return out, None
+        self._fault(index, held, error)
+        return None, error
+
+    def _retry(
+        self, index: int, held: Held, error: BaseException, feed: dict[str, np.ndarray], output: str
+    ) -> np.ndarray | None:
+        for j in range(index + 1, len(self.names)):
+            standby = self._standby(j)
+            if standby is None:
+                continue
+            out, err = self._attempt(j, standby, feed, output)
+            self.tally.retry(self.names[j], err is None)
+            if err is None:
+                return out
+        if fault_kind(error) != "device_lost" and self._held.get(index) is held:
+            out, err = self._attempt(index, held, feed, output)  # transient: once more where it failed
+            self.tally.retry(self.names[index], err is None)
+            return out
+        return None
+
+    def _standby(self, j: int) -> Held | None:
+        """Candidate ``j``'s standby; one never tried is activated and warmed now (None: it cannot run)."""
+        held = self._held.get(j)
+        if held is not None or self._status[self.names[j]].status != "untried":
+            return held
+        with self._standby_lock:
+            if j not in self._held and self._status[self.names[j]].status == "untried" and not self._closed:
+                runner = self._try(j, warm=True)
+                if runner is not None:
+                    self._held[j] = Held(runner)
+                    self._set_status(self.names[j], "standby")
+                    log.info("backend %s warm as a standby", self.names[j])
+            return self._held.get(j)
+
+    def _fault(self, index: int, held: Held, error: BaseException) -> None:
+        """Count a failed call; mark the switch (the active) or the drop (a standby) it calls for."""
+        name, kind = self.names[index], fault_kind(error)
+        log.info("backend %s failed a batch (%s): %s", name, kind, short(str(error)))
+        self.tally.fault(name, kind)
+        with self._lock:
+            held.failures += 1
+            if not self.fallback or (kind != "device_lost" and held.failures < SWITCH_AFTER):
+                return  # without fallback a failure is the caller's error and nothing moves
+            if index == self._active:
+                if kind == "device_lost" or any(k > index for k in tuple(self._held)):
+                    self._due = self._due or (index, held.runner, error)
+                return
+            if self._held.get(index) is not held:
+                return  # dropped by another batch already
+            # a standby that fails for good: drop it (released by the next settle), prepare the next
+            del self._held[index]
+            self._retired.append(held.runner)
+            self._status[name] = CandidateStatus(name, "failed", f"{type(error).__name__}: {error}")
+            self._verified.pop(name, None)
+            self._prepare_due = True
+        log.warning("standby %s dropped after %s", name, short(f"{type(error).__name__}: {error}"))
+
+    def _settle(self) -> None:
+        """Make the switch or release the runners that failures asked for (exclusive side of the gate)."""
+        with self._lock:
+            due, retired, prepare = self._due, self._retired, self._prepare_due
+            self._due, self._retired = None, []
+        if due is None and not retired and not prepare:
+            return
+        with self.gate:
+            for runner in retired:
+                release(runner, runner.name)
+            if due is not None:
+                index, runner, error = due
+                if self._active == index and self.runner is runner:  # not switched by another batch
                     self._switch(index, error)
+                    prepare = True
+        if prepare and not self._closed:
+            self._prepare_in_background()
 
-    def _switch(self, index: int, error: Exception) -> None:
+    def _switch(self, index: int, error: BaseException) -> None:
+        """Move traffic off candidate ``index`` (under the exclusive side of the gate): to its standby,
+        or to the next candidate that activates and warms now; to none when none does."""
         failed = self.names[index]
         reason = f"{type(error).__name__}: {error}"
-        assert self.runner is not None
-        try:
-            self.runner.deactivate()
-        except Exception as e:  # a dead device may fail to release; the switch goes on
-            log.warning("deactivating %s after its failure raised %s", failed, e)
-        self.runner, self._active = None, None
+        held = self._held.pop(index)
+        release(held.runner, failed)
+        self._active = None
         self._set_status(failed, "failed", reason)
-        self.activate_from(index + 1, failure=f"{failed} failed ({reason})")
-        to = self.names[self._active]  # type: ignore[index]
+        standby = min((k for k in tuple(self._held) if k > index), default=None)
+        if standby is not None:  # warm already: traffic moves at once
+            self._active = standby
+            self._set_status(self.names[standby], "active")
+        else:
+            try:
+                self.activate_from(index + 1, failure=f"{failed} failed ({reason})", warm=True)
+            except NoBackendError as e:
+                log.error("backend %s failed and no backend is left: %s", failed, short(str(e), 400))
+        to = self.active_backend
         with self._lock:
             self._switches.append({"from": failed, "to": to, "reason": reason, "at": time.time()})
             self.fallback_count += 1
-        log.warning("backend %s failed (%s); switched to %s and re-ran the batch", failed, reason, to)
+        log.warning("backend %s failed (%s); traffic moved to %s", failed, short(reason), to or "none")
 
     def recover(self, only_if_none_active: bool = False) -> bool:
         """Return to a candidate ahead of the active one, or to any when none is active; True if moved.
-        Takes the exclusive side of the gate (re-entrant: a caller may hold it already)."""
+        The one returned to passes the warm-up check first; the one left becomes its standby. Takes
+        the exclusive side of the gate (re-entrant: a caller may hold it already)."""
         with self.gate:
             if only_if_none_active and self._active is not None:
                 return False
@@ -237,74 +364,37 @@ class Fallback:
             for i in range(upto):
                 if self._status[self.names[i]].status == "disabled":
                     continue
-                runner = self._try(i)
+                runner = self._try(i, warm=True)
                 if runner is None:
                     continue
-                old = "none" if self._active is None else self.names[self._active]
-                if self.runner is not None:
-                    self.runner.deactivate()
-                if self._active is not None:
-                    self._set_status(old, "standby")
+                old = self._active
+                if old is not None:
+                    self._set_status(self.names[old], "standby")
                 self._use(runner, i)
+                for k in sorted(k for k in tuple(self._held) if k > i)[1:]:  # one standby is enough
+                    release(self._held.pop(k).runner, self.names[k])
+                    self._set_status(self.names[k], "untried")
                 with self._lock:
+                    frm = "none" if old is None else self.names[old]
                     self._switches.append(
-                        {"from": old, "to": self.names[i], "reason": "recovered", "at": time.time()}
+                        {"from": frm, "to": self.names[i], "reason": "recovered", "at": time.time()}
                     )
-                log.warning("backend %s usable again; switched back from %s", self.names[i], old)
-                return True
-        return False
+                log.warning("backend %s usable again; switched back from %s", self.names[i], frm)
+                moved = True
+                break
+            else:
+                moved = False
+        if moved:
+            self._prepare_in_background()
+        return moved
 
     def deactivate(self) -> None:
-        """Release the active runner (under the exclusive side of the gate); none is active after."""
+        """Release every activated runner (under the exclusive side of the gate); none is active after."""
         with self.gate:
-            if self.runner is not None:
-                self.runner.deactivate()
-                self.runner = None
-
-
-class Gate:
-    """Shared (batches running) / exclusive (activation, switch, close) access to the active runner.
-
-    The exclusive side is re-entrant for its owner and is also the gate's context manager; a thread that
-    holds it may take the shared side too. The standard library has no reader-writer lock."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._owner: int | None = None
-        self._depth = 0
-
-    @contextlib.contextmanager
-    def shared(self):
-        me = threading.get_ident()
-        with self._cond:
-            if self._owner != me:
-                while self._owner is not None:
-                    self._cond.wait()
-                self._readers += 1
-        try:
-            yield
-        finally:
-            if self._owner != me:
-                with self._cond:
-                    self._readers -= 1
-                    self._cond.notify_all()
-
-    def __enter__(self) -> Gate:
-        me = threading.get_ident()
-        with self._cond:
-            if self._owner != me:
-                while self._owner is not None:
-                    self._cond.wait()
-                self._owner = me
-                while self._readers:
-                    self._cond.wait()
-            self._depth += 1
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with self._cond:
-            self._depth -= 1
-            if not self._depth:
-                self._owner = None
-                self._cond.notify_all()
+            self._closed = True
+            for k in sorted(tuple(self._held)):
+                release(self._held.pop(k).runner, self.names[k])
+            for runner in self._retired:
+                release(runner, runner.name)
+            self._retired = []
+            self._active = None

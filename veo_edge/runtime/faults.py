@@ -16,6 +16,9 @@ Spec keys (all optional):
     calls 1..N run, every call after the Nth fails (a persistent out-of-memory, as on a real GPU).
 ``recover_after`` (int M, with ``oom_after`` N)
     calls N+1..M fail, calls after M run again (a fault that heals: a GPU reset, a freed device).
+``dead_after`` (int N)
+    calls 1..N of the entry, counted over every runner made for it, run; every later call fails, also on
+    a runner activated again by a recovery (a backend gone for good; with ``"*"``, every backend).
 ``every_nth`` (int N)
     calls N, 2N, 3N ... fail (a transient fault).
 ``every_s`` (float X)
@@ -94,6 +97,7 @@ class InjectedBackendError(BackendError):
 class FaultSpec:
     fail_at_start: bool = False
     oom_after: int | None = None
+    dead_after: int | None = None
     recover_after: int | None = None
     every_nth: int | None = None
     slow_ms: float = 0.0
@@ -117,14 +121,11 @@ class FaultSpec:
                 f"unknown fault option(s) {unknown} for {backend!r}; choose from: {', '.join(sorted(known))}"
             )
         spec = cls(**raw)
-        for key in ("oom_after", "every_nth", "recover_after"):
-            v = getattr(spec, key)
-            if v is not None and (
-                not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "oom_after" else 1)
-            ):
+        for key in ("oom_after", "dead_after", "every_nth", "recover_after"):
+            v, least = getattr(spec, key), 0 if key in ("oom_after", "dead_after") else 1
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < least):
                 raise UsageError(
-                    f"fault option {key}={v!r} for {backend!r} is invalid; expected an integer "
-                    f">= {0 if key == 'oom_after' else 1}"
+                    f"fault option {key}={v!r} for {backend!r} is invalid; expected an integer >= {least}"
                 )
         leak = spec.leak_bytes_per_call
         if not isinstance(leak, int) or isinstance(leak, bool) or leak < 0:
@@ -162,6 +163,7 @@ class FaultSpec:
         return bool(
             self.fail_at_start
             or self.oom_after is not None
+            or self.dead_after is not None
             or self.every_nth
             or self.slow_ms
             or self.leak_bytes_per_call
@@ -252,6 +254,7 @@ class FaultSchedule:
         self._period = [math.floor(self.start / s.every_s) if s.every_s else 0 for s in self.specs]
         self._once_done = [s.once_at_s is not None and s.once_at_s < self.start for s in self.specs]
         self.counts: dict[tuple[str, str], int] = {}
+        self.calls = 0  # calls of the entry over all its runners (dead_after)
         self._lock = threading.Lock()
 
     @property
@@ -263,8 +266,11 @@ class FaultSchedule:
         (counted), or ``None``."""
         with self._lock:
             t = self.clock() if self.timed else None
+            self.calls += 1
             for i, spec in enumerate(self.specs):
                 rule = spec.call_rule(n)
+                if rule is None and spec.dead_after is not None and self.calls > spec.dead_after:
+                    rule = f"dead_after={spec.dead_after}"
                 moment = ""
                 if rule is None and t is not None:
                     rule = self._time_rule(i, spec, t)

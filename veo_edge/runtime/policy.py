@@ -20,7 +20,7 @@ from veo_edge.runtime.backends.base import Verdict
 __all__ = ["BACKENDS", "DEFAULT_POLICY", "Verdict", "check_gpu_memory", "make_runner", "probe_candidate"]
 
 BACKENDS = ("tensorrt", "onnxruntime-cuda", "onnxruntime", "openvino")
-DEFAULT_POLICY = ("tensorrt", "onnxruntime-cuda", "openvino")
+DEFAULT_POLICY = ("tensorrt", "onnxruntime-cuda", "openvino", "onnxruntime")
 GPU_BACKENDS = frozenset({"tensorrt", "onnxruntime-cuda"})
 #: free GPU memory kept beyond what a backend needs (other processes, CUDA context, fragmentation)
 GPU_MEMORY_MARGIN = 256 << 20

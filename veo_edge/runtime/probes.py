@@ -32,18 +32,75 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def probe_cpu() -> Probe:
+#: where the CPU's flags are read; ``$VEO_EDGE_CPUINFO`` names another file (a container without /proc,
+#: a test that describes another CPU)
+CPUINFO_ENV = "VEO_EDGE_CPUINFO"
+#: the CPU flags with which OpenVINO runs int8 faster than f32 (VNNI dot products, AMX tiles)
+INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+#: what int8 measured without them (docs/benchmarks.md: `python bench/cpu_precision.py`)
+INT8_WITHOUT_VNNI = (
+    "int8 ran at 0.70x the speed of f32 on a CPU without them (vit-digits, batch 1, an AVX2-only AMD EPYC; "
+    "docs/benchmarks.md)"
+)
+
+
+def cpuinfo_text(source: str | Path | None = None) -> str:
+    """The text of /proc/cpuinfo; ``source``: a :class:`~pathlib.Path` to read instead, or the text
+    itself; ``None``: ``$VEO_EDGE_CPUINFO`` (a path) or /proc/cpuinfo. Empty when unreadable."""
+    if isinstance(source, str):
+        return source
+    path = source or Path(os.environ.get(CPUINFO_ENV) or "/proc/cpuinfo")
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def _cpu(source: str | Path | None = None) -> tuple[set[str], str]:
+    """(the CPU's flags, its model name) from :func:`cpuinfo_text`."""
     flags: set[str] = set()
     model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")) and not flags:
-                flags = set(line.split(":", 1)[1].split())
-            elif line.startswith("model name") and model in ("", platform.machine()):
-                model = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    wanted = ["sse4_2", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "asimd", "sve"]
+    for line in cpuinfo_text(source).splitlines():
+        if line.startswith(("flags", "Features")) and not flags:
+            flags = set(line.split(":", 1)[1].split())
+        elif line.startswith("model name") and model in ("", platform.machine()):
+            model = line.split(":", 1)[1].strip()
+    return flags, model
+
+
+def probe_int8(source: str | Path | None = None) -> Probe:
+    """Whether this CPU runs OpenVINO int8 faster than f32: it has one of :data:`INT8_FLAGS`. On an x86
+    CPU without them the reason says what int8 measured there; other architectures are not judged."""
+    flags, _ = _cpu(source)
+    have = [f for f in INT8_FLAGS if f in flags]
+    if have:
+        return Probe("int8", True, f"int8 accelerated ({', '.join(have)})", data={"flags": have})
+    if "avx2" not in flags and "avx512f" not in flags:
+        return Probe("int8", True, "not an x86 CPU with AVX2: int8 speed not judged", data={"flags": []})
+    return Probe(
+        "int8",
+        False,
+        reason=f"this CPU has none of {', '.join(INT8_FLAGS)}: {INT8_WITHOUT_VNNI}; "
+        "build with --cpu-precision f32 (or bf16) for speed, or serve int8 on a CPU with VNNI or AMX",
+        data={"flags": []},
+    )
+
+
+def probe_cpu(source: str | Path | None = None) -> Probe:
+    flags, model = _cpu(source)
+    wanted = [
+        "sse4_2",
+        "avx2",
+        "fma",
+        "avx512f",
+        "avx512_bf16",
+        "avx512_vnni",
+        "avx_vnni",
+        "amx_tile",
+        "amx_int8",
+        "asimd",
+        "sve",
+    ]
     have = [f for f in wanted if f in flags]
     return Probe(
         "cpu",
@@ -168,4 +225,12 @@ def probe_docker(timeout: float = 2.0) -> Probe:
 
 
 def probe_all() -> list[Probe]:
-    return [probe_cpu(), probe_gpu(), probe_tensorrt(), probe_onnxruntime(), probe_openvino(), probe_docker()]
+    return [
+        probe_cpu(),
+        probe_int8(),
+        probe_gpu(),
+        probe_tensorrt(),
+        probe_onnxruntime(),
+        probe_openvino(),
+        probe_docker(),
+    ]

@@ -8,12 +8,13 @@ visible fallback that loses no request.
         fut = rt.submit(sample)                           # one sample through the dynamic batcher
         print(rt.state.to_dict(), rt.stats())
 
-Selection: the candidates of the policy (default tensorrt -> onnxruntime-cuda -> openvino) are probed in
-order (see :mod:`veo_edge.runtime.policy`); every skip is recorded with its reason in ``state.skipped``.
-Mid-run fallback: when the active backend fails on a batch (CUDA out of memory, device lost, any
-backend error), that same batch is re-run on the next usable candidate and the runtime stays there; the
-switch is logged and recorded in ``state.switches`` (see :mod:`veo_edge.runtime.fallback`). Every request
-is answered exactly once. With ``fallback=False`` only the first candidate is eligible and its failures
+Selection: the candidates of the policy (default tensorrt -> onnxruntime-cuda -> openvino -> onnxruntime)
+are probed in order (see :mod:`veo_edge.runtime.policy`); every skip is recorded with its reason in
+``state.skipped``. The first usable one is active; the next usable one is activated and warmed with the
+golden canary at the largest batch as its standby. Mid-run: a batch that fails is retried on the
+standby (and every later candidate), a lost device or repeated failures move traffic to the standby;
+faults, retries and switches are counted (see :mod:`veo_edge.runtime.fallback`). Every request is
+answered exactly once. With ``fallback=False`` only the first candidate is eligible and its failures
 are errors. Faults can be injected through ``faults`` or ``$VEO_EDGE_FAULTS`` (see :mod:`veo_edge.runtime.faults`).
 """
 
@@ -35,7 +36,7 @@ from veo_edge.errors import InputError, NoBackendError, UsageError
 from veo_edge.runtime.backends.base import Runner, TensorMeta
 from veo_edge.runtime.backends.openvino import PERFORMANCE_HINTS
 from veo_edge.runtime.batching import Arrival, Batcher, BatcherStats, ClosedError
-from veo_edge.runtime.fallback import HISTORY, CandidateStatus, Fallback, RuntimeState, concurrency
+from veo_edge.runtime.fallback import Fallback
 from veo_edge.runtime.faults import FaultPlan, parse_faults
 from veo_edge.runtime.policy import (
     BACKENDS,
@@ -45,6 +46,8 @@ from veo_edge.runtime.policy import (
     probe_candidate,
     resolve_policy,
 )
+from veo_edge.runtime.state import HISTORY, CandidateStatus, RuntimeState, concurrency
+from veo_edge.runtime.warmcheck import WarmCheck
 
 __all__ = ["HISTORY", "CandidateStatus", "Runtime", "RuntimeState"]
 
@@ -126,8 +129,7 @@ class Runtime:
         self.input_dtype = np.dtype(manifest["inputs"][0]["dtype"])
         self.output_name = manifest["outputs"][0]["name"]
 
-        # the active runner, its gate (batches share it; activation, switching and closing take it alone)
-        # and the history of skips and switches
+        # the active runner and its standby behind a gate, the history of skips and switches, the counters
         self._backends = Fallback(
             self.names,
             disabled,
@@ -135,6 +137,7 @@ class Runtime:
             make=self._make,
             fallback=fallback,
             where=str(self.build.path),
+            check=WarmCheck(self.build, self.input_name, self.output_name),
         )
         self._state_lock = threading.Lock()
         self._sync = _Counters()
@@ -158,6 +161,7 @@ class Runtime:
                 return self
             self.build.verify(sorted({k for n in self.names for k in artifacts_of(n, self.build)}))
             self._backends.activate_from(0)
+            self._backends.prepare_standby()
             self._batcher = Batcher(
                 self._run_batch,
                 self.input_shape,
@@ -175,8 +179,8 @@ class Runtime:
         request the batcher can use for it, before traffic: the first batch of each size then runs as
         fast as the later ones, and the process holds from now on the memory it will keep (without it,
         resident memory grows for as long as batch sizes first appear: 312 to 501 MiB on vit-tiny,
-        ADAPTIVE; README). Nothing runs meanwhile. A backend activated later by a fallback warms as it
-        serves. Returns what was warmed: backend, batch sizes, infer requests created, seconds."""
+        ADAPTIVE; README). Nothing runs meanwhile. A standby was warmed at the largest batch when it
+        was activated, and warms the other sizes as it serves. Returns what was warmed: backend, batch sizes, infer requests created, seconds."""
         self._require_open()
         if sizes is None:
             sizes = range(1, self.max_batch + 1)
@@ -376,20 +380,17 @@ class Runtime:
     def stats(self) -> dict[str, Any]:
         """Cumulative counters for metrics (times in microseconds)."""
         b = self._batcher.stats() if self._batcher is not None else BatcherStats()
+        counters = self._backends.counters()  # faults, retries, switches, standby
         with self._state_lock:
             out = self._sync.add(b)
-            switches = self._backends.fallback_count
             compute = dict(sorted(self._batch_compute_us.items()))
             last = self._last_inference_ms
-        pool = None
-        runner = self._backends.runner
-        target = getattr(runner, "inner", runner)
-        if target is not None and hasattr(target, "pool_stats"):
-            pool = target.pool_stats()
+        target = getattr(self._backends.runner, "inner", self._backends.runner)
+        pool = target.pool_stats() if target is not None and hasattr(target, "pool_stats") else None
         return {
             **out,
             "pending": self._batcher.pending if self._batcher is not None else 0,
-            "fallback_switches": switches,
+            **counters,
             "batch_compute_us": compute,
             "last_inference_ms": last,
             "active_backend": self.active_backend,

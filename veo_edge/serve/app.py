@@ -29,6 +29,7 @@ from veo_edge.errors import InputError, NoBackendError, OverloadedError, VeoEdge
 from veo_edge.export.canary import CanaryResult
 from veo_edge.runtime.batching import ClosedError
 from veo_edge.serve import extensions
+from veo_edge.serve.control import AccessPolicy
 from veo_edge.serve.health import canary_to_json, load_canary
 from veo_edge.serve.metrics import HttpCounters, ServeCollector, make_registry
 from veo_edge.serve.protocol import InferRequest, ModelSpec, ProtocolError, load_labels
@@ -55,6 +56,10 @@ class ServeOptions:
     metrics_port: int | None = None
     #: before serving (and after a repository load), warm every batch size: ``Runtime.warm_up``
     warmup: bool = False
+    #: Triton's shared-memory extension (``serve --shared-memory``; see :mod:`veo_edge.serve.shm`)
+    shared_memory: bool = False
+    #: model control mode and the API groups behind a bearer token (:mod:`veo_edge.serve.control`)
+    access: AccessPolicy = field(default_factory=AccessPolicy)
 
 
 class InferenceService:
@@ -310,10 +315,27 @@ class InferenceService:
             return None
 
     async def infer(
-        self, name: str, version: str | None, request: InferRequest, arrival: Any = None
+        self,
+        name: str,
+        version: str | None,
+        request: InferRequest,
+        arrival: Any = None,
+        protocol: str = "http",
     ) -> dict[str, np.ndarray]:
         """Run a parsed request; returns output name -> array (batch first). ProtocolError on failure.
-        ``arrival``: what :meth:`expect` returned for this request, if the transport announced it."""
+        ``arrival``: what :meth:`expect` returned for this request, if the transport announced it;
+        ``protocol``: the transport it came over, counted with its outcome (``/metrics``)."""
+        try:
+            outputs = await self._infer(name, version, request, arrival)
+        except ProtocolError as e:
+            self.counters.infer_requests[(protocol, e.status)] += 1
+            raise
+        self.counters.infer_requests[(protocol, 200)] += 1
+        return outputs
+
+    async def _infer(
+        self, name: str, version: str | None, request: InferRequest, arrival: Any
+    ) -> dict[str, np.ndarray]:
         model = self.model_spec(name, version)
         runtime = self.runtime
         if runtime is None:

@@ -10,7 +10,9 @@ UNAVAILABLE, ...) with its message as the details.
 
 Implemented: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelConfig,
 ModelStatistics and ModelInfer (``raw_input_contents`` / ``raw_output_contents``, or the typed
-``contents`` fields). The shared-memory, repository, trace, log and streaming RPCs answer UNIMPLEMENTED.
+``contents`` fields; shared-memory tensors), and in :mod:`veo_edge.serve.grpc_extensions` the repository
+and shared-memory RPCs and the access policy. Trace, log and streaming RPCs answer UNIMPLEMENTED.
+ModelInfer reads ``raw_input_contents`` where they arrived (:mod:`veo_edge.serve.grpc_wire`).
 """
 
 from __future__ import annotations
@@ -25,34 +27,24 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from veo_edge.errors import UsageError
+from veo_edge.serve.control import AccessPolicy
+from veo_edge.serve.grpc_extensions import AccessInterceptor, ExtensionsServicer, status_code
+from veo_edge.serve.grpc_wire import deserialize_or_refuse
 from veo_edge.serve.protocol import (
     DATATYPES,
     InferRequest,
     ModelSpec,
     ProtocolError,
     RequestedOutput,
-    bytes_tensor,
+    ShmInput,
     check_requested_outputs,
-    classify,
-    datatype_of,
+    shm_input,
+    shm_ref,
 )
+from veo_edge.serve.protocol.response import output_bytes, shm_params
+from veo_edge.serve.shm import ShmRegistry
 
 log = logging.getLogger("veo_edge.serve.grpc")
-
-#: HTTP status of a ProtocolError -> gRPC status code (as Triton maps them)
-STATUS_CODES = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    404: grpc.StatusCode.NOT_FOUND,
-    405: grpc.StatusCode.UNIMPLEMENTED,
-    408: grpc.StatusCode.DEADLINE_EXCEEDED,
-    409: grpc.StatusCode.ALREADY_EXISTS,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    500: grpc.StatusCode.INTERNAL,
-    501: grpc.StatusCode.UNIMPLEMENTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
 
 #: the typed ``InferTensorContents`` field that carries each datatype (FP16 travels only raw)
 CONTENTS_FIELDS = {
@@ -86,25 +78,42 @@ def _fits(spec_shape: tuple[int, ...], shape: list[int]) -> bool:
     )
 
 
-def parse_infer_request(msg: Any, model: ModelSpec) -> InferRequest:
-    """A checked :class:`InferRequest` from a ``ModelInferRequest``; :class:`ProtocolError` (400) otherwise."""
+SERVICE = "inference.GRPCInferenceService"
+
+
+def parse_infer_request(msg: Any, model: ModelSpec, raw: Any = None) -> InferRequest:
+    """A checked :class:`InferRequest` from a ``ModelInferRequest`` (and its raw contents, when
+    :mod:`veo_edge.serve.grpc_wire` took them out); :class:`ProtocolError` (400) otherwise."""
     specs = {s.name: s for s in model.inputs}
-    raw = msg.raw_input_contents
-    if raw and len(raw) != len(msg.inputs):
+    raw = msg.raw_input_contents if raw is None else raw
+    refs = [shm_ref({k: _param(v) for k, v in t.parameters.items()}, f"input {t.name!r}") for t in msg.inputs]
+    in_body = sum(ref is None for ref in refs)
+    if raw and len(raw) != in_body:
         raise ProtocolError(
-            f"the request has {len(msg.inputs)} inputs but {len(raw)} raw_input_contents; send raw contents "
-            "for every input or for none"
+            f"the request has {in_body} inputs outside shared memory but {len(raw)} raw_input_contents; "
+            "send raw contents for every such input or for none"
         )
     arrays: dict[str, np.ndarray] = {}
-    for i, tensor in enumerate(msg.inputs):
+    in_shm: dict[str, ShmInput] = {}
+    raw_index = 0
+    for tensor, ref in zip(msg.inputs, refs, strict=True):
         spec = specs.get(tensor.name)
         if spec is None:
             raise ProtocolError(
                 f"unknown input {tensor.name!r}; model {model.name!r} has inputs: "
                 f"{'; '.join(s.describe() for s in model.inputs)}"
             )
-        if tensor.name in arrays:
+        if tensor.name in arrays or tensor.name in in_shm:
             raise ProtocolError(f"input {tensor.name!r} is given twice")
+        if "BYTES" in (tensor.datatype, spec.datatype):  # encoded pictures: serve/images.py
+            from veo_edge.serve.images import parse_grpc_pictures
+
+            if ref is not None:
+                raise ProtocolError(f"input {tensor.name!r}: encoded pictures cannot come from shared memory")
+            data = raw[raw_index] if raw else None
+            raw_index += 1 if raw else 0
+            arrays[tensor.name] = parse_grpc_pictures(tensor, data, spec, model)
+            continue
         if tensor.datatype != spec.datatype:
             raise ProtocolError(
                 f"input {tensor.name!r} has datatype {tensor.datatype!r}, expected {spec.datatype}"
@@ -120,10 +129,18 @@ def parse_infer_request(msg: Any, model: ModelSpec) -> InferRequest:
                 f"input {tensor.name!r} has batch {shape[0]}, expected 1..{model.max_batch} (the model's max "
                 "batch size); split the request"
             )
+        if ref is not None:
+            if tensor.HasField("contents"):
+                raise ProtocolError(
+                    f"input {tensor.name!r} is in shared memory and has contents too; send one"
+                )
+            in_shm[tensor.name] = shm_input(tensor.name, spec.datatype, tuple(shape), ref)
+            continue
         dtype = DATATYPES[spec.datatype]
         count = math.prod(shape)
         if raw:
-            data = raw[i]
+            data = raw[raw_index]
+            raw_index += 1
             if len(data) != count * dtype.itemsize:
                 raise ProtocolError(
                     f"input {tensor.name!r} has {len(data)} bytes of raw contents, its shape {shape} of "
@@ -143,13 +160,13 @@ def parse_infer_request(msg: Any, model: ModelSpec) -> InferRequest:
                 arrays[tensor.name] = np.asarray(values).astype(dtype, casting="unsafe").reshape(shape)
         except (OverflowError, FloatingPointError) as e:
             raise ProtocolError(f"input {tensor.name!r} contents do not fit {spec.datatype}: {e}") from e
-    missing = [s.name for s in model.inputs if s.name not in arrays]
+    missing = [s.name for s in model.inputs if s.name not in arrays and s.name not in in_shm]
     if missing:
         raise ProtocolError(
             f"missing input(s) {missing}; model {model.name!r} needs: "
             f"{'; '.join(s.describe() for s in model.inputs)}"
         )
-    batches = {a.shape[0] for a in arrays.values()}
+    batches = {a.shape[0] for a in arrays.values()} | {x.shape[0] for x in in_shm.values()}
     if len(batches) != 1:
         raise ProtocolError(f"inputs disagree on the batch size: {sorted(batches)}")
     requested: list[RequestedOutput] = []
@@ -161,12 +178,12 @@ def parse_infer_request(msg: Any, model: ModelSpec) -> InferRequest:
             raise ProtocolError(
                 f"output {out.name!r} classification must be an integer parameter, got {count!r}"
             )
-        requested.append(RequestedOutput(out.name, True, count))
+        requested.append(RequestedOutput(out.name, True, count, shm_ref(params, f"output {out.name!r}")))
     check_requested_outputs(model, requested)  # known, once each, a usable class count
     if not requested:
         requested = [RequestedOutput(s.name, True) for s in model.outputs]
     params = {k: _param(v) for k, v in msg.parameters.items()}
-    return InferRequest(arrays, requested, batches.pop(), msg.id or None, params)
+    return InferRequest(arrays, requested, batches.pop(), msg.id or None, params, in_shm)
 
 
 def encode_infer_response(
@@ -174,37 +191,37 @@ def encode_infer_response(
     request: InferRequest,
     outputs: dict[str, np.ndarray],
     labels: list[str] | None = None,
+    write_shm: Any = None,
 ) -> Any:
     """A ``ModelInferResponse`` with the requested outputs in ``raw_output_contents`` (little-endian;
-    a classification output as BYTES ``"value:index[:label]"``, serialized as Triton does)."""
+    a classification output as BYTES ``"value:index[:label]"``, serialized as Triton does). An output
+    requested in shared memory is written there by ``write_shm`` and answered with its region and size
+    (and an empty raw entry, so that the raw contents stay aligned with the outputs)."""
     resp = service_pb2.ModelInferResponse(
         model_name=model.name, model_version=model.version, id=request.id or ""
     )
     for want in request.outputs:
-        arr = outputs[want.name]
-        if want.class_count:
-            top = classify(arr, want.class_count, labels)
-            resp.outputs.add(name=want.name, datatype="BYTES", shape=list(top.shape))
-            resp.raw_output_contents.append(bytes_tensor(top))
-            continue
-        resp.outputs.add(name=want.name, datatype=datatype_of(arr.dtype), shape=list(arr.shape))
-        resp.raw_output_contents.append(
-            np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
-        )
+        datatype, shape, data = output_bytes(outputs[want.name], want.class_count, labels)
+        tensor = resp.outputs.add(name=want.name, datatype=datatype, shape=shape)
+        if want.shm is not None and write_shm is not None:
+            write_shm(want.shm, data)
+            for key, value in shm_params(want.shm, len(data)).items():
+                if isinstance(value, str):
+                    tensor.parameters[key].string_param = value
+                else:
+                    tensor.parameters[key].int64_param = value
+            data = b""
+        resp.raw_output_contents.append(bytes(data))
     return resp
 
 
-class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` over an inference service (one model or several)."""
 
-    def __init__(self, service: Any) -> None:
+    def __init__(self, service: Any, shm: ShmRegistry, access: AccessPolicy) -> None:
         self.service = service
-
-    async def _call(self, context: Any, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except ProtocolError as e:
-            await context.abort(STATUS_CODES.get(e.status, grpc.StatusCode.UNKNOWN), str(e))
+        self.shm = shm
+        self.access = access
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerLiveResponse(live=True)
@@ -220,8 +237,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         meta = self.service.server_metadata()
+        extensions = sorted(meta["extensions"] + self.shm.extensions())
         return service_pb2.ServerMetadataResponse(
-            name=meta["name"], version=meta["version"], extensions=meta["extensions"]
+            name=meta["name"], version=meta["version"], extensions=extensions
         )
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
@@ -241,42 +259,59 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
+        request, raw = request if isinstance(request, tuple) else (request, None)
+        if request is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, raw)
         version = _version(request.model_version)
         arrival = self.service.expect(request.model_name)  # a batch forming now may wait for it
+        lease = None
         try:
             model = self.service.model_spec(request.model_name, version)
             try:
-                parsed = parse_infer_request(request, model)
+                parsed = parse_infer_request(request, model, raw)
+                lease = self.shm.attach(parsed)  # shared-memory inputs become arrays; 400 for a bad region
             except ProtocolError:
                 self.service.counters.infer_rejected["INVALID"] += 1
                 raise
-            outputs = await self.service.infer(request.model_name, version, parsed, arrival)
+            outputs = await self.service.infer(request.model_name, version, parsed, arrival, "grpc")
+            labels = self.service.model_labels(request.model_name)
+            write = lease.write if lease is not None else None
+            return encode_infer_response(model, parsed, outputs, labels, write)
         except ProtocolError as e:
-            await context.abort(STATUS_CODES.get(e.status, grpc.StatusCode.UNKNOWN), str(e))
+            await context.abort(status_code(e), str(e))
         finally:
             if arrival is not None:
                 arrival.done()
-        return encode_infer_response(model, parsed, outputs, self.service.model_labels(request.model_name))
+            if lease is not None:
+                lease.release()
 
 
 class GrpcServer:
-    """The gRPC front end's lifetime: bind, start, stop (finishing RPCs in flight within a grace)."""
+    """The gRPC front end's lifetime: bind (a taken port is a UsageError; :meth:`stop` releases it),
+    start serving a service, stop (finishing RPCs in flight within a grace)."""
 
-    def __init__(self, service: Any, max_message_bytes: int = 64 << 20) -> None:
-        self.service = service
+    def __init__(
+        self,
+        max_message_bytes: int = 64 << 20,
+        shm: ShmRegistry | None = None,
+        access: AccessPolicy | None = None,
+    ) -> None:
         self.max_message_bytes = max_message_bytes
+        self.shm = shm or ShmRegistry()
+        self.access = access or AccessPolicy()
         self._server: Any = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0: a free port); returns the bound port."""
+    async def bind(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0: a free port); returns the bound port. Call on the serving loop."""
         server = grpc.aio.server(
+            interceptors=[AccessInterceptor(self.access)] if self.access.restricted else None,
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", self.max_message_bytes),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.service), server)
+        self._server = server  # stop() releases it either way, on this loop (not grpcio's finaliser)
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
             bound = server.add_insecure_port(address)
@@ -286,11 +321,43 @@ class GrpcServer:
             reason = "the port is taken or the address is not this machine's"
         if not bound:
             raise UsageError(f"cannot listen for gRPC on {address} ({reason}); choose another --grpc-port")
-        await server.start()
-        self._server = server
+        self.port = bound
         return bound
 
-    async def stop(self, grace_s: float) -> None:
+    async def start(self, service: Any) -> None:
+        """Serve ``service`` (one model or several) on the bound port."""
+        handlers = _handlers(InferenceServicer(service, self.shm, self.access))
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        if hasattr(self._server, "add_registered_method_handlers"):  # grpcio >= 1.63: looked up first
+            self._server.add_registered_method_handlers(SERVICE, handlers)
+        await self._server.start()
+
+    async def stop(self, grace_s: float | None) -> None:
         if self._server is not None:
-            await self._server.stop(grace_s)
-            self._server = None
+            server, self._server = self._server, None
+            await server.stop(grace_s)
+
+
+def _handlers(servicer: Any) -> dict[str, Any]:
+    """The generated stubs' method handlers, with ModelInfer reading its tensors in place
+    (:mod:`veo_edge.serve.grpc_wire`)."""
+
+    class Capture:  # what the generated registration hands a server
+        def __init__(self) -> None:
+            self.handlers: dict[str, Any] = {}
+
+        def add_generic_rpc_handlers(self, generic: Any) -> None:
+            pass
+
+        def add_registered_method_handlers(self, name: str, handlers: dict[str, Any]) -> None:
+            self.handlers = dict(handlers)
+
+    capture = Capture()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, capture)
+    handlers = capture.handlers
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        servicer.ModelInfer,
+        request_deserializer=deserialize_or_refuse,
+        response_serializer=service_pb2.ModelInferResponse.SerializeToString,
+    )
+    return handlers

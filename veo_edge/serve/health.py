@@ -22,7 +22,7 @@ import numpy as np
 
 from veo_edge.builddir import BuildDir
 from veo_edge.errors import ArtifactMismatchError, BuildDirError, VeoEdgeError
-from veo_edge.export.canary import Canary, compare_canary
+from veo_edge.export.canary import Canary, compare_canary, golden_canary
 
 
 class HealthError(VeoEdgeError):
@@ -66,24 +66,15 @@ EXIT_CODES = {
 
 
 def load_canary(build: BuildDir, precision: str | None = None) -> Canary:
-    """The build's golden canary, its files checked against the manifest's checksums, with the tolerance
-    of ``precision`` (default: the CPU precision the build serves; a bf16/int8 build records its own,
-    looser, tolerance beside the f32 one, so an f32 backend of the same build passes it too). A file that
-    differs from the manifest is an :class:`ArtifactMismatchError`, as for every artifact."""
-    spec = build.manifest.get("canary")
-    if not spec:
-        raise CanaryMismatchError(f"build {build.path} records no canary; rebuild it with this veo-edge")
+    """The build's golden canary with the rule of ``precision`` (see
+    :func:`veo_edge.export.canary.golden_canary`); a missing or unusable one is a
+    :class:`CanaryMismatchError`, a file that differs from the manifest an :class:`ArtifactMismatchError`."""
     try:
-        x = np.load(build.artifact("canary_input"), allow_pickle=False)
-        expected = np.load(build.artifact("canary_expected"), allow_pickle=False)
+        return golden_canary(build, precision)
     except ArtifactMismatchError:
         raise
-    except (BuildDirError, OSError, ValueError) as e:
-        raise CanaryMismatchError(f"the golden canary of {build.path} is unusable: {e}") from e
-    if precision is None:
-        precision = str((build.manifest.get("cpu_precision") or {}).get("served", {}).get("openvino", "f32"))
-    tol = (spec.get("precisions") or {}).get(precision, spec)
-    return Canary(x, expected, float(tol["atol"]), float(tol["min_cosine"]))
+    except BuildDirError as e:
+        raise CanaryMismatchError(str(e)) from e
 
 
 # -- the probe ---------------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """The KServe v2 / Triton HTTP routes as a plain ASGI application over :class:`InferenceService`.
 
 uvicorn (see :mod:`veo_edge.serve.transport`) parses HTTP/1.1 and frames bodies (``Content-Length`` or
-chunked); this module reads them within the per-request cap (413) and a global cap on the bytes held
-across all connections (503), inflates gzip/deflate bodies, routes by a fixed table (metrics are
-labelled by route name, never by the path a client sent), decodes large JSON heads in a worker process
-so the event loop keeps answering probes, and writes JSON or binary-tensor responses. ``HEAD`` is
-answered like ``GET`` without a body (uvicorn drops it).
+chunked); :mod:`veo_edge.serve.bodies` reads them within the per-request cap (413) and the cap on bytes
+held across all connections (503), inflating gzip/deflate as they arrive. This module checks the access
+policy before a body is read (:mod:`veo_edge.serve.control`: 401/403), routes by a fixed table (metrics
+are labelled by route name, never by the path a client sent), resolves shared-memory tensors
+(:mod:`veo_edge.serve.shm`), decodes large JSON heads in a worker process so the event loop keeps
+answering probes, and writes JSON or binary-tensor responses. ``HEAD`` is answered like ``GET`` without
+a body (uvicorn drops it).
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ import asyncio
 import json
 import logging
 import re
-import zlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from veo_edge.serve.bodies import BodyBudget, Disconnected, HttpError, read_body
+from veo_edge.serve.control import CONTROL_ROUTES, HTTP_GROUPS, AccessPolicy
 from veo_edge.serve.metrics import render
 from veo_edge.serve.protocol import ProtocolError, encode_infer_response, parse_infer_request
+from veo_edge.serve.shm import ShmRegistry
 from veo_edge.serve.transport import Limits, error_body
 
 log = logging.getLogger("veo_edge.serve")
@@ -28,6 +32,8 @@ log = logging.getLogger("veo_edge.serve")
 _JSON = b"application/json"
 _MODEL = r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?"
 _REPO = r"/v2/repository/models/(?P<name>[^/]+)"
+_SHM = r"/v2/(?P<kind>system|cuda)sharedmemory"
+_REGION = r"/region/(?P<region>[^/]+)"
 #: (route name, path pattern, methods); the route name is the metrics label
 ROUTES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     (name, re.compile(f"^{pattern}$"), methods)
@@ -46,21 +52,11 @@ ROUTES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
         ("model_stats", _MODEL + r"/stats", ("GET",)),
         ("model_canary", _MODEL + r"/canary", ("GET",)),
         ("model_metadata", _MODEL, ("GET",)),
+        ("shm_status", _SHM + f"(?:{_REGION})?/status", ("GET",)),
+        ("shm_register", _SHM + _REGION + "/register", ("POST",)),
+        ("shm_unregister", _SHM + f"(?:{_REGION})?/unregister", ("POST",)),
     ]
 ]
-
-
-class HttpError(Exception):
-    """Answered with ``status``; ``close`` when the request's body was not read (the connection closes)."""
-
-    def __init__(self, status: int, message: str, close: bool = False) -> None:
-        super().__init__(message)
-        self.status = status
-        self.close = close
-
-
-class _Disconnected(Exception):
-    pass
 
 
 def match_route(method: str, path: str) -> tuple[str, dict[str, str]]:
@@ -79,7 +75,8 @@ def match_route(method: str, path: str) -> tuple[str, dict[str, str]]:
     raise HttpError(404, f"no route for {method} {path[:200]}; see the Open Inference Protocol")
 
 
-def _decode_json_object(body: bytes, what: str) -> dict[str, Any]:
+def _decode_json_object(body: Any, what: str) -> dict[str, Any]:
+    body = bytes(body)
     if not body.strip():
         return {}
     try:
@@ -92,15 +89,24 @@ def _decode_json_object(body: bytes, what: str) -> dict[str, Any]:
 
 
 class HttpApp:
-    """The ASGI callable. ``buffered`` counts request-body bytes held now, across all connections."""
+    """The ASGI callable. ``budget`` counts request-body bytes held now, across all connections."""
 
-    def __init__(self, service: Any, limits: Limits) -> None:
+    def __init__(
+        self,
+        service: Any,
+        limits: Limits,
+        shm: ShmRegistry | None = None,
+        access: AccessPolicy | None = None,
+        decoder: ProcessPoolExecutor | None = None,
+    ) -> None:
         self.service = service
         self.limits = limits
+        self.shm = shm or ShmRegistry()
+        self.access = access or AccessPolicy()
         self.counters = service.counters
-        self.buffered = 0
+        self.budget = BodyBudget(limits)
         self.in_flight = 0
-        self._decoder: ProcessPoolExecutor | None = None
+        self._decoder = decoder
         self._handlers: dict[str, Callable[..., Awaitable[tuple[int, list, bytes]]]] = {
             "metrics": self._metrics,
             "server_metadata": self._server_metadata,
@@ -116,6 +122,9 @@ class HttpApp:
             "model_stats": self._model_stats,
             "model_canary": self._model_canary,
             "model_metadata": self._model_metadata,
+            "shm_status": self._shm_status,
+            "shm_register": self._shm_register,
+            "shm_unregister": self._shm_unregister,
         }
 
     def count_rejection(self, status: int) -> None:
@@ -124,15 +133,8 @@ class HttpApp:
 
     def prestart_decoder(self) -> None:
         """Start the JSON worker process now, so the first large request does not wait for it."""
-        self._decoder_pool().submit(int)
-
-    def _decoder_pool(self) -> ProcessPoolExecutor:
         if self._decoder is None:
-            import multiprocessing
-
-            ctx = multiprocessing.get_context("spawn")  # never fork a process holding backend threads
-            self._decoder = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
-        return self._decoder
+            self._decoder = start_decoder()
 
     def close(self) -> None:
         if self._decoder is not None:
@@ -148,17 +150,20 @@ class HttpApp:
         try:
             try:
                 route, params = match_route(scope["method"], scope["path"])
+                self._authorize(scope, route)
                 if route == "model_infer":  # announced before its body is read: a batch may wait for it
                     arrival = self.service.expect(params["name"])
                     params = {**params, "arrival": arrival}
-                body, reserved = await self._read_body(scope, receive, route)
+                body, reserved = await read_body(scope, receive, self.limits, self.budget)
                 status, headers, payload = await self._handlers[route](scope, params, body)
                 close = False
             except HttpError as e:
                 status, headers, payload, close = e.status, [], error_body(str(e)), e.close
+                if status == 401:
+                    headers = [(b"www-authenticate", b'Bearer realm="veo-edge"')]
             except ProtocolError as e:
                 status, headers, payload, close = e.status, [], error_body(str(e)), False
-            except _Disconnected:
+            except Disconnected:
                 raise
             except Exception as e:  # a bug in a handler must not reach the client as a bare 500
                 log.exception("handler failed on %s %s", scope["method"], scope["path"][:200])
@@ -166,13 +171,27 @@ class HttpApp:
                 payload = error_body(f"internal error: {type(e).__name__}: {e}")
             self.counters.responses[(route, status)] += 1
             await self._respond(send, status, headers, payload, close)
-        except _Disconnected:
+        except Disconnected:
             self.counters.responses[(route, 499)] += 1
         finally:
             if arrival is not None:
                 arrival.done()
-            self.buffered -= reserved
+            self.budget.give(reserved)
             self.in_flight -= 1
+
+    def _authorize(self, scope: dict, route: str) -> None:
+        """The access policy (:mod:`veo_edge.serve.control`), before a body is read: a refused request's
+        body is never buffered (its connection closes)."""
+        if not self.access.restricted and route not in CONTROL_ROUTES:
+            return
+        header = None
+        for k, v in scope["headers"]:
+            if k == b"authorization":
+                header = v.decode("latin-1")
+        try:
+            self.access.check(route, HTTP_GROUPS.get(route), header)
+        except ProtocolError as e:
+            raise HttpError(e.status, str(e), close=scope["method"] == "POST") from e
 
     @staticmethod
     async def _respond(send: Callable, status: int, headers: list, payload: bytes, close: bool) -> None:
@@ -184,98 +203,6 @@ class HttpApp:
         await send({"type": "http.response.start", "status": status, "headers": head})
         await send({"type": "http.response.body", "body": payload})
 
-    # -- bodies ---------------------------------------------------------------------------------
-    def _reserve(self, n: int, held: int, check_only: bool = False) -> None:
-        """Count ``n`` more bytes of a body (``held`` already counted) against the global cap; 503 over it.
-
-        Bytes are counted as they arrive, never as declared, so connections that announce large bodies
-        and send nothing cannot lock the budget; a declared length that cannot fit now is refused at
-        once (``check_only``), before its bytes are read."""
-        limits = self.limits
-        if self.buffered + n > limits.max_buffered_bytes:
-            raise HttpError(
-                503,
-                f"the server holds {self.buffered} bytes of request bodies and this request needs {held + n}; "
-                f"the limit across all connections is {limits.max_buffered_bytes} (--max-buffered-bytes); "
-                "retry later",
-                close=True,
-            )
-        if not check_only:
-            self.buffered += n
-
-    async def _read_body(self, scope: dict, receive: Callable, route: str) -> tuple[bytes, int]:
-        """The whole (inflated) body and the bytes reserved for it in the global budget."""
-        headers = scope["headers"]
-        length = encoding = None
-        for k, v in headers:
-            if k == b"content-length":
-                length = int(v)  # llhttp accepts only digits, and only one Content-Length
-            elif k == b"content-encoding":
-                encoding = v.decode("latin-1").strip().lower()
-        limit = self.limits.max_body_bytes
-        if length is not None and length > limit:
-            raise HttpError(
-                413,
-                f"the request body has {length} bytes, the limit is {limit} (--max-request-bytes)",
-                close=True,
-            )
-        if scope["method"] in ("GET", "HEAD") and not length:
-            return b"", 0
-        reserved = 0
-        try:
-            if length:
-                self._reserve(length, 0, check_only=True)
-            body, more, parts = b"", True, None
-            while more:
-                msg = await receive()
-                if msg["type"] == "http.disconnect":
-                    raise _Disconnected
-                chunk, more = msg.get("body", b""), msg.get("more_body", False)
-                if chunk:
-                    held = len(parts) if parts is not None else len(body)
-                    if not length and held + len(chunk) > limit:  # chunked: the size shows as it arrives
-                        raise HttpError(
-                            413, f"the chunked request body exceeds {limit} bytes (--max-request-bytes)", True
-                        )
-                    self._reserve(len(chunk), held)
-                    reserved += len(chunk)
-                if parts is not None:
-                    parts += chunk
-                elif more:
-                    parts = bytearray(chunk)
-                else:
-                    body = chunk  # the common case: the whole body in one message, no copy
-            if parts is not None:
-                body = bytes(parts)
-            if encoding not in (None, "", "identity"):
-                body, reserved = await self._inflate(body, encoding, reserved)
-        except BaseException:
-            self.buffered -= reserved
-            raise
-        return body, reserved
-
-    async def _inflate(self, body: bytes, encoding: str, reserved: int) -> tuple[bytes, int]:
-        if encoding not in ("gzip", "deflate"):
-            raise HttpError(415, f"Content-Encoding {encoding!r} is not supported; use gzip, deflate or none")
-        limit = self.limits.max_body_bytes
-
-        def inflate() -> bytes:
-            d = zlib.decompressobj(zlib.MAX_WBITS | 16 if encoding == "gzip" else zlib.MAX_WBITS)
-            try:
-                out = d.decompress(body, limit + 1)
-            except zlib.error as e:
-                raise HttpError(400, f"the {encoding} request body is corrupt: {e}") from e
-            if len(out) > limit:
-                raise HttpError(413, f"the decompressed request body exceeds the {limit}-byte limit")
-            if not d.eof:
-                raise HttpError(400, f"the {encoding} request body is truncated")
-            return out
-
-        # zlib releases the GIL: large bodies inflate on a thread while the loop serves others
-        out = inflate() if len(body) < (256 << 10) else await asyncio.to_thread(inflate)
-        self._reserve(len(out), reserved)
-        return out, reserved + len(out)
-
     # -- handlers: (status, extra headers, payload) ---------------------------------------------
     @staticmethod
     def _json(status: int, obj: Any) -> tuple[int, list, bytes]:
@@ -286,7 +213,8 @@ class HttpApp:
         return 200, [(b"content-type", ctype.encode())], payload
 
     async def _server_metadata(self, scope, params, body):
-        return self._json(200, self.service.server_metadata())
+        meta = self.service.server_metadata()
+        return self._json(200, {**meta, "extensions": sorted(meta["extensions"] + self.shm.extensions())})
 
     async def _live(self, scope, params, body):
         return self._json(200, self.service.live())
@@ -350,11 +278,18 @@ class HttpApp:
                 parsed = await self._decode_off_loop(body, hlen, model)
             else:
                 parsed = parse_infer_request(body, hlen, model)
+            lease = self.shm.attach(parsed)  # shared-memory inputs become arrays; 400 for a bad region
         except ProtocolError:
             self.service.counters.infer_rejected["INVALID"] += 1
             raise
-        outputs = await self.service.infer(name, version, parsed, params.get("arrival"))
-        chunks, out_hlen = encode_infer_response(model, parsed, outputs, self.service.model_labels(name))
+        try:
+            outputs = await self.service.infer(name, version, parsed, params.get("arrival"))
+            labels = self.service.model_labels(name)
+            write = lease.write if lease is not None else None
+            chunks, out_hlen = encode_infer_response(model, parsed, outputs, labels, write)
+        finally:
+            if lease is not None:
+                lease.release()
         payload = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if out_hlen is None:
             return 200, [], payload
@@ -367,13 +302,44 @@ class HttpApp:
             payload,
         )
 
-    async def _decode_off_loop(self, body: bytes, hlen: str | None, model: Any):
-        """Parse in a worker process: json.loads holds the GIL, so a thread would still stall the loop."""
-        if self._decoder is None:
-            import multiprocessing
+    # -- the shared-memory extension (veo_edge.serve.shm) ----------------------------------------
+    async def _shm_status(self, scope, params, body):
+        return self._json(200, self.shm.status(params["kind"], params.get("region")))
 
-            self._decoder = ProcessPoolExecutor(
-                max_workers=1, mp_context=multiprocessing.get_context("spawn")
-            )
+    async def _shm_register(self, scope, params, body):
+        req = _decode_json_object(body, "the register request")
+        name, kind = params["region"], params["kind"]
+        size = req.get("byte_size")
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise HttpError(400, f"the register request needs an integer 'byte_size', got {size!r}")
+        if kind == "system":
+            key, offset = req.get("key"), req.get("offset", 0)
+            if not isinstance(key, str) or not isinstance(offset, int) or isinstance(offset, bool):
+                raise HttpError(400, "the register request needs a string 'key' and an integer 'offset'")
+            self.shm.register_system(name, key, offset, size)
+        else:
+            device = req.get("device_id", 0)
+            if not isinstance(device, int) or isinstance(device, bool):
+                raise HttpError(400, f"the register request needs an integer 'device_id', got {device!r}")
+            self.shm.register_cuda(name, self.shm.b64_handle(req), device, size)
+        return 200, [], b""
+
+    async def _shm_unregister(self, scope, params, body):
+        self.shm.unregister(params["kind"], params.get("region"))
+        return 200, [], b""
+
+    async def _decode_off_loop(self, body: Any, hlen: str | None, model: Any):
+        """Parse in a worker process: json.loads holds the GIL, so a thread would still stall the loop."""
+        self.prestart_decoder()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._decoder, parse_infer_request, body, hlen, model)
+
+
+def start_decoder() -> ProcessPoolExecutor:
+    """The worker process that decodes large JSON heads, started now (spawned: never fork a process
+    holding backend threads; before the gRPC server exists, whose fork handlers would complain)."""
+    import multiprocessing
+
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    pool.submit(int)
+    return pool

@@ -28,18 +28,22 @@ _IDLE_STATS: dict[str, Any] = {
     "compute_us_total": 0.0,
     "pending": 0,
     "fallback_switches": 0,
+    "faults": {},
+    "retries": {},
     "active_backend": None,
+    "standby_backend": None,
     "memory_pool": None,
 }
 
 
 class HttpCounters:
-    """What the HTTP layer saw: responses by route name (never the raw path) and status, rejections by
-    reason."""
+    """What the transports saw: HTTP responses by route name (never the raw path) and status, rejections
+    by reason, and inference requests by protocol (http, grpc) and outcome (the HTTP status)."""
 
     def __init__(self) -> None:
         self.responses: Counter[tuple[str, int]] = Counter()
         self.infer_rejected: Counter[str] = Counter()  # reason -> count: INVALID, REJECTED (overload), ...
+        self.infer_requests: Counter[tuple[str, int]] = Counter()  # (protocol, status) -> requests
 
 
 class _Nvml:
@@ -196,11 +200,15 @@ class ServeCollector:
             )
             requests.add_metric(mv, described["infer_requests"])
             yield requests
-        switches = CounterMetricFamily(
-            "veo_edge_fallback_switches", "Switches to a fallback backend", labels=ml
+        yield from _fault_metrics(s, ml, mv)
+        requests = CounterMetricFamily(
+            "veo_edge_infer_requests",
+            "Inference requests (parsed) by protocol and outcome, as an HTTP status (200: answered)",
+            labels=[*ml, "protocol", "code"],
         )
-        switches.add_metric(mv, s.get("fallback_switches", 0))
-        yield switches
+        for (protocol, code), n in sorted(self.http.infer_requests.items()):
+            requests.add_metric([*mv, protocol, str(code)], n)
+        yield requests
         ready = GaugeMetricFamily(
             "veo_edge_ready", "1 when the model is ready (backend up, canary matched)", labels=ml
         )
@@ -237,6 +245,43 @@ class ServeCollector:
                 total.add_metric([uuid], t)
             yield used
             yield total
+
+
+def _fault_metrics(s: dict[str, Any], ml: list[str], mv: list[str]):
+    """Faults by backend and kind, retries by the backend they ran on and outcome, switches, standby."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    faults = CounterMetricFamily(
+        "veo_edge_backend_faults",
+        "Failed backend calls by backend and kind (oom, device_lost, backend), warm-ups included",
+        labels=[*ml, "backend", "kind"],
+    )
+    for backend, kinds in sorted((s.get("faults") or {}).items()):
+        for kind, n in sorted(kinds.items()):
+            faults.add_metric([*mv, backend, kind], n)
+    yield faults
+    retries = CounterMetricFamily(
+        "veo_edge_retries",
+        "Failed batches re-run, by the backend they were re-run on and outcome (ok, failed)",
+        labels=[*ml, "backend", "outcome"],
+    )
+    for backend, outcomes in sorted((s.get("retries") or {}).items()):
+        for outcome, n in sorted(outcomes.items()):
+            retries.add_metric([*mv, backend, outcome], n)
+    yield retries
+    switches = CounterMetricFamily(
+        "veo_edge_fallback_switches", "Switches of traffic away from a failing backend", labels=ml
+    )
+    switches.add_metric(mv, s.get("fallback_switches", 0))
+    yield switches
+    standby = GaugeMetricFamily(
+        "veo_edge_standby_backend",
+        "1 for the warm standby that takes retries and switches",
+        labels=[*ml, "backend"],
+    )
+    if s.get("standby_backend"):
+        standby.add_metric([*mv, str(s["standby_backend"])], 1)
+    yield standby
 
 
 def make_registry(collector: ServeCollector):

@@ -1,9 +1,13 @@
 """One model's readiness: the golden canary run through its runtime, a backend failure seen on a request
 since, and the background re-check that brings readiness back.
 
-Ready = a runtime with an active backend, on which the golden canary matched, and no backend failure
-since it last matched; after a failure, a switch or a lost backend, :meth:`ReadinessCheck.recheck_loop`
-re-checks (recovering earlier backends first) until the canary matches again.
+Ready = a runtime with an active backend, on which the golden canary matched (by the rule of the
+precision that backend computes at), and no request failed since it last matched. A fault the runtime
+absorbed by a retry is no failure here: readiness stays up. A switch to a standby keeps it up too, as
+the standby passed the canary at its warm-up (``state.verified``). A request that failed on every
+backend drops it at once; :meth:`ReadinessCheck.recheck_loop` then re-checks at most once per interval
+(recovering earlier backends first) and readiness returns only when the canary matches again: with every
+backend failing for good it stays down.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class ReadinessCheck:
         self.build = build
         # the golden canary is read (and verified) now: a build without a usable one is refused at start
         self.canary: Canary | None = load_canary(build)
+        self._canaries: dict[str, Canary] = {}  # precision -> the canary with that precision's rule
         self.result: CanaryResult | None = None
         self.backend: str | None = None  # the backend the canary last ran on
         self.error: str | None = None
@@ -49,8 +54,9 @@ class ReadinessCheck:
         backend = runtime.state.to_dict().get("active_backend")
         try:
             self.canary = self.canary or load_canary(self.build)
-            out = runtime.infer(self.canary.input)
-            self.result = compare_canary(out, self.canary)
+            canary = self._canary_of(runtime)
+            out = runtime.infer(canary.input)
+            self.result = compare_canary(out, canary)
             self.error = self.result.reason
         except VeoEdgeError as e:
             self.result, self.error = None, str(e)
@@ -65,6 +71,24 @@ class ReadinessCheck:
             self.backend_failure = self._last_reason = None
         return self.result
 
+    def _canary_of(self, runtime: Any) -> Canary:
+        """The canary with the rule of the precision the active backend computes at (an int8 build that
+        fell back to ONNX Runtime is held to the f32 rule)."""
+        precision = str(runtime.describe().get("precision") or "f32")
+        if precision not in self._canaries:
+            self._canaries[precision] = load_canary(self.build, precision)
+        return self._canaries[precision]
+
+    def adopt_warm_result(self, state: dict[str, Any]) -> None:
+        """After a switch to a standby that passed the canary at its warm-up, take that result as the
+        canary's on it (no request failed since): readiness does not drop for a switch."""
+        backend = state.get("active_backend")
+        warm = (state.get("verified") or {}).get(backend)
+        if backend and backend != self.backend and warm and warm.get("ok") and not self.backend_failure:
+            self.result, self.backend, self.error = CanaryResult(**warm), backend, None
+            self._last_reason = None
+            log.warning("%s is active now; it passed the canary at its warm-up: ready", backend)
+
     def needs_recheck(self, state: dict[str, Any]) -> bool:
         backend = state.get("active_backend")
         return bool(self.backend_failure or not backend or backend != self.backend)
@@ -72,6 +96,7 @@ class ReadinessCheck:
     def reasons(self, state: dict[str, Any]) -> list[str]:
         """Why a loaded runtime in ``state`` (its ``state.to_dict()``) is not ready; empty when it is.
         Wakes the re-checker when there is something to re-check."""
+        self.adopt_warm_result(state)
         backend = state.get("active_backend")
         reasons = []
         if state.get("closed"):
@@ -108,7 +133,11 @@ class ReadinessCheck:
                 await asyncio.wait_for(self.wake.wait(), interval_s)
             self.wake.clear()
             rt = runtime()
-            if rt is None or paused() or not self.needs_recheck(rt.state.to_dict()):
+            if rt is None or paused():
+                continue
+            state = rt.state.to_dict()
+            self.adopt_warm_result(state)
+            if not self.needs_recheck(state):
                 continue
             # a request failed on the active backend: try the earlier ones; none active: try any
             only_if_none = self.backend_failure is None

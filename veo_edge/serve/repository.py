@@ -129,9 +129,9 @@ class ModelSet:
         return None if svc is None else svc.expect(name)
 
     async def infer(
-        self, name: str, version: str | None, request: Any, arrival: Any = None
+        self, name: str, version: str | None, request: Any, arrival: Any = None, protocol: str = "http"
     ) -> dict[str, Any]:
-        return await self.service(name).infer(name, version, request, arrival)
+        return await self.service(name).infer(name, version, request, arrival, protocol)
 
     def model_labels(self, name: str) -> list[str] | None:
         return self.service(name).model_labels(name)

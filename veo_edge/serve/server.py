@@ -1,19 +1,24 @@
-"""The server's lifetime: one :class:`~veo_edge.serve.app.InferenceService` per model (or a
-:class:`~veo_edge.serve.repository.ModelSet` of them), the canary, the HTTP front end and the optional
-gRPC and metrics listeners, signals, and the drain that answers every accepted request before exit.
+"""The server's lifetime: its ports bound first (:mod:`veo_edge.serve.listen`: a taken port is one line
+and exit 2, before any model loads), then one :class:`~veo_edge.serve.app.InferenceService` per model
+(or a :class:`~veo_edge.serve.repository.ModelSet` of them), the canary, the HTTP front end and the
+optional gRPC and metrics listeners, signals, and the drain that answers every accepted request before
+exit; shared-memory regions are unmapped at the end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from veo_edge.serve.app import InferenceService, ServeOptions
-from veo_edge.serve.http import HttpApp
-from veo_edge.serve.metrics import start_metrics_server
+from veo_edge.serve.http import HttpApp, start_decoder
+from veo_edge.serve.images import ImageModels
+from veo_edge.serve.listen import Listeners
 from veo_edge.serve.repository import ModelSet
+from veo_edge.serve.shm import ShmRegistry
 from veo_edge.serve.transport import HttpServer
 
 log = logging.getLogger("veo_edge.serve")
@@ -28,29 +33,73 @@ async def serve_async(
     """Serve until SIGTERM/SIGINT, then drain; returns the exit status (0 after a clean drain).
 
     ``runtimes``: one started runtime, or model name -> started runtime for several models (each its
-    own service: runtime, batcher, readiness); ``make_runtime`` likewise (for repository loads)."""
-    if not isinstance(runtimes, dict):
+    own service: runtime, batcher, readiness), or ``None``: made by ``make_runtime`` (model name ->
+    maker) once the ports are bound; ``make_runtime`` also serves repository loads."""
+    if runtimes is not None and not isinstance(runtimes, dict):
         runtimes, make_runtime = {options.model_name: runtimes}, {options.model_name: make_runtime}
     makers = make_runtime if isinstance(make_runtime, dict) else {}
+    decoder = start_decoder()  # before grpc is imported: its fork handlers would complain at the spawn
+    shm = ShmRegistry(options.shared_memory)
+    listeners = Listeners()
+    grpc_server = None
+    try:
+        await listeners.bind(options)
+        owned = runtimes is None
+        if runtimes is None:
+            runtimes = await _make_runtimes(makers)
+        if options.grpc_port is not None:
+            from veo_edge.serve.grpc import GrpcServer
+
+            grpc_server = GrpcServer(options.limits.max_body_bytes, shm, options.access)
+            try:
+                await listeners.bind_grpc(options, grpc_server)
+            except BaseException:
+                for runtime in runtimes.values() if owned else ():
+                    runtime.close(drain=False)
+                raise
+        app_args = (options.limits, shm, options.access, decoder)
+        return await _serve(runtimes, makers, options, listeners, grpc_server, app_args, on_listening)
+    finally:
+        decoder.shutdown(wait=False, cancel_futures=True)
+        await listeners.close()
+        shm.close()
+
+
+async def _make_runtimes(makers: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+    """Each model's runtime (each its own batcher and readiness), off the loop; on a failure the ones
+    made are closed."""
+    loop, runtimes = asyncio.get_running_loop(), {}
+    try:
+        for name, make in makers.items():
+            runtimes[name] = await loop.run_in_executor(None, make)
+    except BaseException:
+        for runtime in runtimes.values():
+            runtime.close(drain=False)
+        raise
+    return runtimes
+
+
+async def _serve(runtimes, makers, options, listeners, grpc_server, app_args, on_listening) -> int:
     services = {
         name: InferenceService(rt, replace(options, model_name=name), makers.get(name))
         for name, rt in runtimes.items()
     }
     service: Any = next(iter(services.values())) if len(services) == 1 else ModelSet(services)
-    await service.start()
-    app = HttpApp(service, options.limits)
-    app.prestart_decoder()
+    service = ImageModels(service)  # encoded pictures in, <name>_image companions (serve/images.py)
+    app = HttpApp(service, *app_args)
+    try:
+        await service.start()
+        listeners.serve_metrics(service.registry)
+        if grpc_server is not None:
+            await grpc_server.start(service)
+            log.warning("veo-edge gRPC on %s:%d", options.host, grpc_server.port)
+        if listeners.metrics is not None:
+            log.warning("veo-edge metrics on http://%s:%d/metrics", options.host, listeners.metrics_port)
+    except BaseException:
+        app.close()
+        await service.close()
+        raise
     server = HttpServer(app, options.limits, app.count_rejection)
-    grpc_server = None
-    if options.grpc_port is not None:
-        from veo_edge.serve.grpc import GrpcServer
-
-        grpc_server = GrpcServer(service, options.limits.max_body_bytes)
-        grpc_port = await grpc_server.start(options.host, options.grpc_port)
-        log.warning("veo-edge gRPC on %s:%d", options.host, grpc_port)
-    if options.metrics_port is not None:
-        metrics_port = start_metrics_server(service.registry, options.host, options.metrics_port)
-        log.warning("veo-edge metrics on http://%s:%d/metrics", options.host, metrics_port)
 
     def listening(port: int) -> None:
         for name, svc in services.items():
@@ -67,7 +116,7 @@ async def serve_async(
         log.warning("draining: %d requests in flight", app.in_flight)
 
     try:
-        await server.serve(options.host, options.port, options.drain_timeout_s, listening, drain)
+        await server.serve(listeners.http, options.drain_timeout_s, listening, drain)
     finally:
         app.close()
         if grpc_server is not None:

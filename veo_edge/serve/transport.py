@@ -1,6 +1,12 @@
 """HTTP/1.1 on uvicorn with httptools (llhttp): the well-kept parser frames every request; this module
 adds only the limits uvicorn leaves to the application, and the server's lifecycle.
 
+It subclasses uvicorn's *private* ``HttpToolsProtocol`` (``PROTOCOL_HOOKS``): an ASGI middleware cannot
+see a request head before it is whole (431, the head deadline) nor answer a malformed one in JSON, and
+uvicorn's public config has no such limits, so the alternative is our own HTTP/1.1 protocol on
+httptools. Until that exists, the tested uvicorn range is pinned in ``pyproject.toml``
+(``UVICORN_TESTED``, both ends run the serve tests in CI) and any other uvicorn is refused at start.
+
 What llhttp rejects by itself (each a 400 and a closed connection): two ``Content-Length`` headers (even
 equal ones), a ``Content-Length`` that is not all digits (``+50``, ``4_8``, ``5, 5``), ``Content-Length``
 with ``Transfer-Encoding``, a ``Transfer-Encoding`` other than a final ``chunked``, a bare LF or CR in the
@@ -32,7 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from veo_edge.errors import UsageError, VeoEdgeError
+from veo_edge.errors import VeoEdgeError
 
 log = logging.getLogger("veo_edge.serve")
 
@@ -73,8 +79,10 @@ class _Reject(Exception):
         self.status = status
 
 
-#: the methods of uvicorn's HttpToolsProtocol that GuardedProtocol overrides or calls (its private API,
-#: tested with uvicorn 0.54); a uvicorn without one is refused at start, not failing each request
+#: the uvicorn releases GuardedProtocol was tested with, both ends (CI runs the serve tests on each):
+#: pyproject.toml pins exactly this range, and a uvicorn outside it is refused at start
+UVICORN_TESTED = (">=0.30", "<0.56")
+#: the methods of uvicorn's HttpToolsProtocol that GuardedProtocol overrides or calls (its private API)
 PROTOCOL_HOOKS = (
     "connection_made", "connection_lost", "eof_received", "data_received", "on_response_complete",
     "on_message_begin", "on_url", "on_header", "on_headers_complete", "on_body", "on_message_complete",
@@ -83,12 +91,22 @@ PROTOCOL_HOOKS = (
 
 
 def check_protocol_base(base: type, version: str) -> None:
-    """Refuse a uvicorn whose httptools protocol lacks a hook this module builds on (one line: which)."""
+    """Refuse a uvicorn outside the tested range, or whose httptools protocol lacks a hook this module
+    builds on (one line: which, and what to install)."""
+    from packaging.specifiers import SpecifierSet
+
+    tested = ",".join(UVICORN_TESTED)
+    install = f"install the tested range: pip install 'uvicorn{tested}'"
+    if version not in SpecifierSet(tested):
+        raise VeoEdgeError(
+            f"uvicorn {version} is outside the range veo-edge's HTTP limits were tested with ({tested}); "
+            f"they build on its private HttpToolsProtocol: {install}"
+        )
     missing = [name for name in PROTOCOL_HOOKS if not callable(getattr(base, name, None))]
     if missing:
         raise VeoEdgeError(
             f"uvicorn {version}'s HttpToolsProtocol has no {', '.join(missing)}, which veo-edge's HTTP "
-            "limits build on; install a uvicorn it was tested with: pip install 'uvicorn>=0.30,<0.55'"
+            f"limits build on; {install}"
         )
 
 
@@ -304,13 +322,11 @@ class HttpServer:
         self.draining = False
         self._uvicorn: Any = None
 
-    def _config(self, host: str, port: int, drain_timeout_s: float) -> Any:
+    def _config(self, drain_timeout_s: float) -> Any:
         import uvicorn
 
         return uvicorn.Config(
             self.app,
-            host=host,
-            port=port,
             http=make_protocol(self.limits, self.on_reject),
             ws="none",
             lifespan="off",
@@ -325,28 +341,23 @@ class HttpServer:
         )
 
     async def serve(
-        self, host: str, port: int, drain_timeout_s: float, on_listening: Callable[[int], None], on_drain: Any
+        self, sock: Any, drain_timeout_s: float, on_listening: Callable[[int], None], on_drain: Any
     ) -> None:
-        """Listen; call ``on_listening(port)``; serve until a signal; ``on_drain()`` when the drain begins."""
+        """Serve on the listening socket ``sock`` (see :func:`veo_edge.serve.listen.bind_http`); call
+        ``on_listening(port)``; serve until a signal; ``on_drain()`` when the drain begins."""
 
         def begin_drain() -> None:
             self.draining = True
             on_drain()
 
-        self._uvicorn = _Server(self._config(host, port, drain_timeout_s), begin_drain).server
-        task = asyncio.ensure_future(self._uvicorn.serve())
+        self._uvicorn = _Server(self._config(drain_timeout_s), begin_drain).server
+        task = asyncio.ensure_future(self._uvicorn.serve(sockets=[sock]))
         while not self._uvicorn.started:
-            if task.done():  # bind failed: uvicorn logged why and exits
-                try:
-                    await task
-                except SystemExit as e:
-                    raise UsageError(
-                        f"cannot listen on {host}:{port} (see the error above); choose a free --port or --host"
-                    ) from e
+            if task.done():  # start-up failed: uvicorn logged why
+                await task
                 return
             await asyncio.sleep(0.01)
-        bound = self._uvicorn.servers[0].sockets[0].getsockname()[1]
-        on_listening(bound)
+        on_listening(int(sock.getsockname()[1]))
         await task
 
     def stop(self) -> None:

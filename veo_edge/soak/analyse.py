@@ -130,6 +130,7 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     backends: list[str] = []
     recoveries = 0
     injected_by_seg: dict[int, dict[str, int]] = {}  # chaos: per segment, the runtime's counters
+    counted_by_seg: dict[tuple[str, int], list[dict]] = {}  # faults / retries by backend
     first_last: dict[str, list[Any]] = {}
     n_samples = 0
     for s in store.rows("samples"):
@@ -160,6 +161,10 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
             seg_injected = injected_by_seg.setdefault(s["segment"], {})
             for rule, n in (extra.get("injected") or {}).items():
                 seg_injected[rule] = max(seg_injected.get(rule, 0), int(n))
+            for key in ("faults", "retries"):  # per segment: [first, last] of each counter
+                if extra.get(key) is not None:
+                    seen = counted_by_seg.setdefault((key, s["segment"]), [extra[key], extra[key]])
+                    seen[1] = extra[key]
     leak: dict[str, Any] = {}
     for k in LEAK_SERIES:
         fits = {}
@@ -228,7 +233,12 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
         "batches_per_hour": max(batch_fits, key=lambda f: f["span_s"])["bytes_per_hour"]
         if batch_fits
         else None,
-        "fallbacks": {"switches": fallbacks, "recoveries": recoveries, "backends": backends},
+        "fallbacks": {
+            "switches": fallbacks,
+            "recoveries": recoveries,
+            "backends": backends,
+            **_by_backend(counted_by_seg, in_process),
+        },
         "chaos": _chaos(config.chaos, injected_by_seg),
         "fragmentation": fragmentation,
         "resources": {k: {"first": v[0], "last": v[1]} for k, v in first_last.items()},
@@ -244,6 +254,20 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     }
     report["verdict"] = verdict(report, th)
     return report
+
+
+def _by_backend(by_seg: dict[tuple[str, int], list[dict]], in_process: bool) -> dict[str, Any]:
+    """Faults and retries seen during the run, ``{backend: {kind or outcome: n}}``: in-process each
+    segment's runtime counted from zero; a server's counters run on, so only what grew in a segment."""
+    out: dict[str, dict[str, dict[str, int]]] = {"faults": {}, "retries": {}}
+    for (key, _), (first, last) in sorted(by_seg.items()):
+        for backend, counts in last.items():
+            for label, n in counts.items():
+                grew = n - (0 if in_process else first.get(backend, {}).get(label, 0))
+                if grew:
+                    mine = out[key].setdefault(backend, {})
+                    mine[label] = mine.get(label, 0) + grew
+    return out
 
 
 def _chaos(schedule: dict[str, Any] | None, by_segment: dict[int, dict[str, int]]) -> dict[str, Any] | None:

@@ -6,15 +6,22 @@ from __future__ import annotations
 from typing import Any
 
 _POOL = "veo_edge_memory_pool_"
+#: counters by backend: (key in the scrape, sample name, the label beside ``backend``)
+_BY_BACKEND = (
+    ("faults", "veo_edge_backend_faults_total", "kind"),
+    ("retries", "veo_edge_retries_total", "outcome"),
+)
 
 
 def scrape(text: str) -> dict[str, Any]:
-    """The server's RSS, fds, fallbacks, batches, active backend, GPU memory and pool stats."""
+    """The server's RSS, fds, fallbacks, batches, active backend, GPU memory and pool stats, and its
+    faults and retries by backend (``{backend: {kind or outcome: n}}``)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     sums: dict[str, float] = {}
     out: dict[str, Any] = {}
     pool: dict[str, float] = {}
+    by_backend: dict[str, dict[str, dict[str, int]]] = {"faults": {}, "retries": {}}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             sums[s.name] = sums.get(s.name, 0.0) + s.value
@@ -22,6 +29,10 @@ def scrape(text: str) -> dict[str, Any]:
                 out["active_backend"] = s.labels.get("backend")
             if s.name.startswith(_POOL):
                 pool[s.name[len(_POOL) :]] = s.value
+            for key, name, label in _BY_BACKEND:
+                if s.name == name:  # summed over the models a server serves
+                    counts = by_backend[key].setdefault(s.labels.get("backend", "?"), {})
+                    counts[s.labels.get(label, "?")] = counts.get(s.labels.get(label, "?"), 0) + int(s.value)
     fields = {
         "rss": "process_resident_memory_bytes",
         "fds": "process_open_fds",
@@ -37,4 +48,6 @@ def scrape(text: str) -> dict[str, Any]:
                 out[key] = int(sums[n])
     if pool:
         out["pool"] = pool
+    if "veo_edge_backend_faults_total" in sums:  # a server that counts them (veo-edge serve)
+        out.update(by_backend)
     return out

@@ -217,6 +217,12 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
+def _counts(fallbacks: dict[str, Any], key: str) -> str:
+    """``openvino oom 3, onnxruntime ok 3`` from ``{backend: {label: n}}``; ``-`` when none (or not read)."""
+    counts = fallbacks.get(key) or {}
+    return ", ".join(f"{b} {label} {n}" for b, c in counts.items() for label, n in c.items()) or "-"
+
+
 def markdown(r: dict[str, Any]) -> str:
     run, req, lat, jit = r["run"], r["requests"], r["latency_ms"], r["jitter"]
     verdict = "PASS" if r["verdict"]["pass"] else "FAIL"
@@ -230,7 +236,8 @@ def markdown(r: dict[str, Any]) -> str:
         f"timeouts, {req['lost']} lost"
         + (f", {req['in_flight_when_killed']} in flight when killed" if req["in_flight_when_killed"] else ""),
         f"- fallbacks: {r['fallbacks']['switches']} switches, {r['fallbacks']['recoveries']} recoveries; "
-        f"backends: {', '.join(r['fallbacks']['backends']) or '-'}",
+        f"backends: {', '.join(r['fallbacks']['backends']) or '-'}; faults: {_counts(r['fallbacks'], 'faults')}; "
+        f"retries: {_counts(r['fallbacks'], 'retries')}",
         *(
             [
                 f"- chaos: {r['chaos']['total']} faults injected"

@@ -101,6 +101,9 @@ class Sampler:
             extra["recoveries"] = obs["recoveries"]
         if obs.get("injected"):  # chaos: faults injected so far, by rule
             extra["injected"] = obs["injected"]
+        for key in ("faults", "retries"):  # the runtime's counters, by backend
+            if obs.get(key) is not None:
+                extra[key] = obs[key]
         tegra = self.tegra.latest()
         if tegra:
             extra["tegrastats"] = tegra

@@ -126,6 +126,8 @@ class InProcessTarget:
             "pool": stats.get("memory_pool"),
             "switches": state.switches,
             "injected": rt.injected_faults(),
+            "faults": stats["faults"],
+            "retries": stats["retries"],
         }
 
     def close(self) -> None:

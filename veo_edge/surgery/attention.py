@@ -2,10 +2,12 @@
 
 An attention-like region is anchored at a ``Softmax`` (explicit or SDPA-decomposed attention from the
 TorchScript and dynamo exporters) or at an ONNX ``Attention`` op (opset 23). From the anchor the matcher
-walks to the score and context MatMuls, then up through the head split (Reshape/Transpose with Gather,
+walks to the score and context MatMuls (past any additive bias made of constants and shapes only, see
+:mod:`veo_edge.surgery.bias`), then up through the head split (Reshape/Transpose with Gather,
 Split+Squeeze or Slice+Squeeze, scale multiplies) to the projection(s), and down through the head merge.
 The structure found must then compute exactly ``VeoAttention`` on the recorded activations of a seeded
-run, within a tolerance derived from the op's own float32 rounding; only then is it replaced.
+run, within a tolerance derived from the op's own float32 rounding; only then is it replaced. A region
+with a bias becomes a version-2 node with the bias as a constant input; one without stays version 1.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from veo_edge.surgery import bias as bias_terms
 from veo_edge.surgery.graphutil import (
     MatchFailure,
     check_contained,
@@ -46,6 +49,9 @@ class AttentionMatch:
     projections: list[tuple[Any, np.ndarray, np.ndarray]] = field(default_factory=list)  # separate q/k/v
     scale: float = 0.0
     layout: str = "NS"  # "NS": (N, S, ...) tensors; "SN": sequence-first (nn.MultiheadAttention)
+    terms: list[bias_terms.BiasTerm] = field(default_factory=list)  # what is added to the scores
+    scores_rank: int | None = None
+    bias: np.ndarray | None = None  # (B, 1|H, S, S), set by verify() when there are terms
 
     @property
     def num_heads(self) -> int:
@@ -64,6 +70,7 @@ def match(graph: Any, anchor: Any) -> AttentionMatch:
     """The structure of the region at ``anchor``; raises :class:`MatchFailure` naming the failed check."""
     factors: list[tuple[Any, bool]] = []
     core = [anchor]
+    free = bias_terms.DataFree()
     if anchor.op == "Softmax":
         rank = len(anchor.inputs[0].shape or [])
         axis = int(anchor.attrs.get("axis", -1))
@@ -72,13 +79,15 @@ def match(graph: Any, anchor: Any) -> AttentionMatch:
                 "softmax_axis", f"softmax over axis {axis}, not the last axis of a rank-{rank} tensor"
             )
         nodes: list[Any] = []
-        scores_t = walk_back(anchor.inputs[0], nodes, factors)
+        peeled, terms = bias_terms.peel(anchor.inputs[0], nodes, factors, free)
+        scores_t = walk_back(peeled, nodes, factors)
         scores = producer(scores_t)
         if scores is None or scores.op != "MatMul":
             found = "a graph input" if scores is None else scores.op
-            check = "no_mask" if scores is not None and scores.op in ("Add", "Where") else "scores_matmul"
+            check = {"Add": "bias_layout", "Where": "masked_fill"}.get(found, "scores_matmul")
             raise MatchFailure(
-                check, f"the softmax input comes from {found}, expected MatMul(Q, K^T) (times a scale)"
+                check,
+                f"the softmax input comes from {found}, expected MatMul(Q, K^T) (times a scale, plus a bias)",
             )
         consumers = data_consumers(anchor.outputs[0])
         if (
@@ -95,9 +104,10 @@ def match(graph: Any, anchor: Any) -> AttentionMatch:
         q_in, k_in, v_in, out_start = scores.inputs[0], scores.inputs[1], ctx.inputs[1], ctx.outputs[0]
         base_scale = 1.0
     else:
-        extra = [t for t in anchor.inputs[3:] if t.name]
+        extra = [t for t in anchor.inputs[4:] if t.name]
         if extra:
-            raise MatchFailure("no_mask", "the Attention op has an attn_mask or past key/value input")
+            raise MatchFailure("kv_cache", "the Attention op has past key/value or sequence-length inputs")
+        terms = bias_terms.attention_op_mask(anchor, free)
         if int(anchor.attrs.get("is_causal", 0)) or float(anchor.attrs.get("softcap", 0.0)):
             raise MatchFailure("plain_softmax", "the Attention op is causal or soft-capped")
         if any(o.name and o.outputs for o in anchor.outputs[1:]):
@@ -122,6 +132,8 @@ def match(graph: Any, anchor: Any) -> AttentionMatch:
         int(anchor.attrs.get("q_num_heads", 0)) if anchor.op == "Attention" and len(q_shape or []) == 3 else 0
     )
     m = AttentionMatch(anchor, [], out, 0, embed, base_scale, factors, core, q_in=q_in, q_heads=q_heads)
+    m.terms = terms
+    m.scores_rank = len(anchor.inputs[0].shape or []) if anchor.op == "Softmax" else 4
     if sources[0] is sources[1] is sources[2]:
         shape = static_shape(sources[0])
         if shape is None or len(shape) != 3 or (embed and shape[-1] not in (3 * embed, None)):
@@ -168,14 +180,16 @@ def _projection(t: Any, embed: int) -> tuple[Any, np.ndarray, np.ndarray]:
 
 def wanted(m: AttentionMatch) -> list[Any]:
     """Tensors whose values the numeric check needs from the seeded run."""
-    return [*m.sources, m.out, m.q_in] + [t for t, _ in m.factors if const_value(t) is None]
+    terms = [b.tensor for b in m.terms if const_value(b.tensor) is None]
+    return [*m.sources, m.out, m.q_in, *terms] + [t for t, _ in m.factors if const_value(t) is None]
 
 
 def verify(m: AttentionMatch, values: dict[str, np.ndarray], baseline: Any) -> tuple[float, float]:
-    """Check the region against ``VeoAttention`` on the recorded values; sets scale and layout.
+    """Check the region against ``VeoAttention`` on the recorded values; sets scale, layout and bias.
 
-    ``baseline(qkv, num_heads, head_dim, scale)`` gives the op's float32 output (its function body in ONNX
-    Runtime); the region's error against the float64 reference must stay within K times the baseline's."""
+    ``baseline(qkv, num_heads, head_dim, scale, bias)`` gives the op's float32 output (its function body
+    in ONNX Runtime); the region's error against the float64 reference must stay within K times the
+    baseline's."""
     from veo_edge.export.parity import FLOOR_REL, K_FP32
     from veo_edge.surgery import reference
 
@@ -186,11 +200,13 @@ def verify(m: AttentionMatch, values: dict[str, np.ndarray], baseline: Any) -> t
             "head_dim", f"model dim {m.embed_dim} is not a multiple of the head dim {m.head_dim}"
         )
     scale = m.base_scale or 1.0 / math.sqrt(m.head_dim)
+    multipliers = []
     for t, is_div in m.factors:
         v = const_value(t)
         v = values[t.name] if v is None else v
         f = float(np.asarray(v, dtype=np.float64).reshape(-1)[0])
-        scale = scale / f if is_div else scale * f
+        multipliers.append(1.0 / f if is_div else f)
+        scale *= multipliers[-1]
     m.scale = scale
     if len(m.sources) == 1 and values[m.sources[0].name].shape[-1] != 3 * m.embed_dim:
         raise MatchFailure("packed_qkv", f"the packed projection is not (N, S, 3*{m.embed_dim})")
@@ -200,16 +216,34 @@ def verify(m: AttentionMatch, values: dict[str, np.ndarray], baseline: Any) -> t
         else values[m.sources[0].name]
     )
     got = values[m.out.name].astype(np.float64)
+    if m.terms:
+        if m.scores_rank != 4:
+            raise MatchFailure(
+                "bias_shape",
+                f"the scores the bias is added to have rank {m.scores_rank}, expected (N, H, S, S)",
+            )
+        m.bias = bias_terms.materialize(
+            m.terms,
+            multipliers,
+            values,
+            batch=qkv.shape[0],
+            num_heads=m.num_heads,
+            seq=qkv.shape[1],
+            dtype=np.float16 if m.out.dtype == np.float16 else np.float32,
+        )
+        if not np.any(m.bias):  # an all-zero mask the canonical passes could not see through
+            m.bias = None
     errs = {}
-    for layout in ("NS", "SN"):
+    for layout in ("NS", "SN") if m.bias is None else ("NS",):
         # the op runs batch-first: a sequence-first region is transposed to (N, S, .) and back
         x = qkv if layout == "NS" else qkv.transpose(1, 0, 2)
-        ref = reference.attention(x, num_heads=m.num_heads, head_dim=m.head_dim, scale=scale)  # (N, S, E)
+        ref = reference.attention(x, m.bias, num_heads=m.num_heads, head_dim=m.head_dim, scale=scale)
         if ref.size != got.size:
             continue
         # the baseline and the reference are compared in the op's own (N, S, E) layout; the region's
         # output in the region's layout, (S, N, E) or flattened (S*N, E) for a sequence-first one
-        base = float(np.abs(baseline(x, m.num_heads, m.head_dim, scale).astype(np.float64) - ref).max())
+        out32 = baseline(x, m.num_heads, m.head_dim, scale, m.bias)
+        base = float(np.abs(out32.astype(np.float64) - ref).max())
         in_layout = ref if layout == "NS" else ref.transpose(1, 0, 2)
         err = float(np.abs(in_layout.reshape(got.shape) - got).max())
         tol = K_FP32 * base + FLOOR_REL * (float(np.abs(ref).max()) or 1.0)
@@ -218,10 +252,12 @@ def verify(m: AttentionMatch, values: dict[str, np.ndarray], baseline: Any) -> t
             m.layout = layout
             return err, tol
     err, tol = min(errs.values(), default=(float("nan"), float("nan")))
+    with_bias = "" if m.bias is None else f", bias {tuple(m.bias.shape)}"
     raise MatchFailure(
         "numeric_equivalence",
         f"the region does not compute VeoAttention(num_heads={m.num_heads}, head_dim={m.head_dim}, "
-        f"scale={scale:.6g}) on the seeded activations: max abs error {err:.3g} > tolerance {tol:.3g}",
+        f"scale={scale:.6g}{with_bias}) on the seeded activations: max abs error {err:.3g} > tolerance "
+        f"{tol:.3g}",
     )
 
 
@@ -267,8 +303,12 @@ def replace(graph: Any, m: AttentionMatch, index: int) -> Any:
     direct = m.layout == "NS" and out_rank == 3
     m.out.inputs.clear()
     y = m.out if direct else gs.Variable(f"{name}/out", dtype=dtype)
+    inputs, version = [qkv], "1"
+    if m.bias is not None:
+        inputs.append(_shared_constant(graph, f"{name}/bias", m.bias))
+        version = "2"
     node = attention_spec().make_node(
-        [qkv], [y], name=name, num_heads=m.num_heads, head_dim=m.head_dim, scale=m.scale
+        inputs, [y], name=name, version=version, num_heads=m.num_heads, head_dim=m.head_dim, scale=m.scale
     )
     graph.nodes.append(node)
     if not direct:
@@ -283,6 +323,20 @@ def replace(graph: Any, m: AttentionMatch, index: int) -> Any:
     return node
 
 
+def _shared_constant(graph: Any, name: str, value: np.ndarray) -> Any:
+    """A constant holding ``value``, the same object for every region whose bias is equal (BEiT's shared
+    relative position bias stays one table)."""
+    import onnx_graphsurgeon as gs
+
+    key = (value.dtype.str, value.shape, value.tobytes())
+    for t in graph.tensors().values():
+        if isinstance(t, gs.Constant) and t.name.endswith("/bias") and t.name.startswith("veo_attention_"):
+            v = np.asarray(t.values)
+            if (v.dtype.str, v.shape, v.tobytes()) == key:
+                return t
+    return gs.Constant(name, value)
+
+
 def describe(m: AttentionMatch) -> dict[str, Any]:
     return {
         "num_heads": m.num_heads,
@@ -290,6 +344,7 @@ def describe(m: AttentionMatch) -> dict[str, Any]:
         "scale": m.scale,
         "qkv": "separate" if m.projections else "packed",
         "layout": m.layout,
+        "bias": None if m.bias is None else list(m.bias.shape),
     }
 
 

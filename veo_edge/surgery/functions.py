@@ -5,7 +5,10 @@ model-local functions), which proves the injected graph computes what the plain 
 for TensorRT never carries them: older TensorRT parsers import a local function in preference to a
 registered plugin.
 
-``VeoAttention``'s body is generic (its attributes are read through attribute references). The
+``VeoAttention``'s body is generic (its attributes are read through attribute references). Its two
+versions are two bodies: model-local functions are keyed by (domain, name, overload), so the version-2
+body is the overload ``v2`` and :func:`mark_overloads` stamps the version-2 nodes of a reference copy with
+it (IR version 10); version-1 nodes and their body stay as they always were. The
 ``VeoPatchEmbedLayerNorm`` node's inputs depend on its flags (absent optional inputs are omitted, so they
 shift position) and on the length of its position table, so its body is made for one node's layout.
 """
@@ -44,13 +47,21 @@ def _ref_attr(node_type: str, output: str, attr: str, ref: str, attr_type: int):
     return node
 
 
-def attention_function(opset: int) -> onnx.FunctionProto:
-    """``VeoAttention``: qkv (N, S, 3*H*D) -> (N, S, H*D)."""
+#: the function overload of each VeoAttention version ("" for the version-1 body)
+ATTENTION_OVERLOADS = {"1": "", "2": "v2"}
+#: the IR version that has function overloads
+OVERLOAD_IR_VERSION = 10
+F32_LOWEST = -3.4028234663852886e38  # np.finfo(np.float32).min, without importing numpy here
+
+
+def attention_function(opset: int, version: str = "1") -> onnx.FunctionProto:
+    """``VeoAttention``: qkv (N, S, 3*H*D) [, bias (B, 1|H, S, S)] -> (N, S, H*D)."""
     import onnx
     from onnx import helper as h
 
     A = onnx.AttributeProto
     spec = attention_spec()
+    inputs = [t.name for t in spec.inputs_of(version)]
     nodes = [
         _ref_attr("Constant", "heads", "value_int", "num_heads", A.INT),
         _ref_attr("Constant", "hdim", "value_int", "head_dim", A.INT),
@@ -80,20 +91,73 @@ def attention_function(opset: int) -> onnx.FunctionProto:
         h.make_node("CastLike", ["scale_f", "qkv"], ["scale_t"]),
         h.make_node("MatMul", ["q", "kt"], ["scores"]),
         h.make_node("Mul", ["scores", "scale_t"], ["logits"]),
-        h.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+    ]
+    probs_in = "logits"
+    if "bias" in inputs:
+        nodes += _bias_nodes("logits", "bias", "biased")
+        probs_in = "biased"
+    nodes += [
+        h.make_node("Softmax", [probs_in], ["probs"], axis=-1),
         h.make_node("MatMul", ["probs", "v"], ["ctx"]),  # (N, H, S, D)
         h.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3]),
         h.make_node("Reshape", ["ctx_t", "merged"], ["out"]),
     ]
-    return h.make_function(
+    fn = h.make_function(
         spec.domain,
         spec.name,
-        ["qkv"],
+        inputs,
         ["out"],
         nodes,
         [h.make_opsetid("", opset)],
         attributes=[a.name for a in spec.attributes] + list(PLUGIN_ATTRS),
     )
+    if ATTENTION_OVERLOADS[version]:
+        fn.overload = ATTENTION_OVERLOADS[version]
+    return fn
+
+
+def _bias_nodes(logits: str, bias: str, out: str) -> list:
+    """``logits`` (N, H, S, S) + ``bias`` (B, 1|H, S, S), batch n reading bias row n mod B: the logits
+    are viewed as (N/B, B, H, S, S). The bias is clamped to its type's lowest finite value first (-inf
+    masks; float16's is -65504, where float32's lowest would round to -inf), the sum too, so a row
+    whose every key is masked stays finite and never turns into NaN."""
+    from onnx import helper as h
+
+    return [
+        h.make_node("Constant", [], ["f32_lowest"], value_float=F32_LOWEST),
+        h.make_node("Constant", [], ["f16_lowest"], value_float=-65504.0),
+        h.make_node("CastLike", ["f32_lowest", bias], ["lowest_as_t"]),
+        h.make_node("IsInf", ["lowest_as_t"], ["narrow_t"]),
+        h.make_node("CastLike", ["f16_lowest", bias], ["f16_lowest_t"]),
+        h.make_node("Where", ["narrow_t", "f16_lowest_t", "lowest_as_t"], ["lowest"]),
+        h.make_node("Max", [bias, "lowest"], ["bias_c"]),
+        h.make_node("Shape", [bias], ["bias_b"], start=0, end=1),
+        h.make_node("Shape", [logits], ["logits_shape"]),
+        h.make_node("Shape", [logits], ["logits_rest"], start=1),
+        _const_ints("minus1", [-1]),
+        h.make_node("Concat", ["minus1", "bias_b", "logits_rest"], ["grouped"], axis=0),
+        h.make_node("Reshape", [logits, "grouped"], ["logits5"]),  # (N/B, B, H, S, S)
+        h.make_node("Unsqueeze", ["bias_c", "axes0"], ["bias5"]),  # (1, B, Hb, S, S)
+        h.make_node("CastLike", ["bias5", logits], ["bias5_t"]),
+        h.make_node("Add", ["logits5", "bias5_t"], ["sum5"]),
+        h.make_node("CastLike", ["lowest", logits], ["lowest_l"]),
+        h.make_node("Max", ["sum5", "lowest_l"], ["sum5_c"]),
+        h.make_node("Reshape", ["sum5_c", "logits_shape"], [out]),
+    ]
+
+
+def mark_overloads(model: onnx.ModelProto) -> bool:
+    """Stamp each ``VeoAttention`` node of ``model`` with its version's function overload; True when any
+    node needs one (the model then needs IR version 10)."""
+    spec = attention_spec()
+    marked = False
+    for node in model.graph.node:
+        if node.op_type != spec.name or node.domain != spec.domain:
+            continue
+        version = next((a.s.decode() for a in node.attribute if a.name == "plugin_version"), spec.version)
+        node.overload = ATTENTION_OVERLOADS.get(version, "")
+        marked = marked or bool(node.overload)
+    return marked
 
 
 @dataclass(frozen=True)
@@ -181,10 +245,11 @@ def op_model(node: onnx.NodeProto, function: onnx.FunctionProto, inputs: dict, o
         graph_inputs.append(
             h.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape)
         )
+    node.overload = function.overload
     graph = h.make_graph([node], "op", graph_inputs, [onnx.ValueInfoProto(name=o) for o in node.output])
     return h.make_model(
         graph,
         opset_imports=[h.make_opsetid("", opset), h.make_opsetid(function.domain, 1)],
         functions=[function],
-        ir_version=9,
+        ir_version=OVERLOAD_IR_VERSION if function.overload else 9,
     )

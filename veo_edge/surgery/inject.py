@@ -26,7 +26,13 @@ import numpy as np
 
 from veo_edge.surgery import attention, patch_embed
 from veo_edge.surgery.canonical import Canonical, Canonicalize
-from veo_edge.surgery.functions import attention_function, op_model, patch_embed_function
+from veo_edge.surgery.functions import (
+    OVERLOAD_IR_VERSION,
+    attention_function,
+    mark_overloads,
+    op_model,
+    patch_embed_function,
+)
 from veo_edge.surgery.graphutil import MatchFailure
 from veo_edge.surgery.report import RegionReport, SurgeryReport
 from veo_edge.surgery.spec import attention_spec, patch_embed_spec
@@ -120,6 +126,7 @@ class _Session:
             self.values = self._record([t for mod, m, _, _ in found for t in mod.wanted(m)])
         values = self.values
         layouts = set()
+        versions: set[str] = set()
         index = {attention.OP: 0, patch_embed.OP: 0}
         for mod, m, entry, i in found:
             try:
@@ -137,7 +144,9 @@ class _Session:
                 continue
             if mod is patch_embed:
                 layouts.add(m.layout)
-            mod.replace(graph, m, index[entry.op])
+            node = mod.replace(graph, m, index[entry.op])
+            if mod is attention:
+                versions.add(node.attrs["plugin_version"])
             index[entry.op] += 1
             entry.replaced = True
             entry.attrs = mod.describe(m)
@@ -153,13 +162,12 @@ class _Session:
         plugin_model.producer_name = model.producer_name
         plugin_model.producer_version = model.producer_version
         reference_model = copy.deepcopy(plugin_model)
-        functions = []
-        if index[attention.OP]:
-            functions.append(attention_function(self.opset))
+        functions = [attention_function(self.opset, v) for v in sorted(versions)]
         if layouts:
             functions.append(patch_embed_function(next(iter(layouts)), self.opset))
         reference_model.functions.extend(functions)
-        reference_model.ir_version = max(reference_model.ir_version, 8)
+        overloaded = mark_overloads(reference_model)
+        reference_model.ir_version = max(reference_model.ir_version, OVERLOAD_IR_VERSION if overloaded else 8)
         return Injection(plugin_model, reference_model, report, self.canon, self)
 
     def _record(self, tensors: list[Any]) -> dict[str, np.ndarray]:
@@ -206,16 +214,19 @@ class _Baselines:
             )
         return self._sessions[key].run(None, feeds)
 
-    def attention(self, qkv: np.ndarray, num_heads: int, head_dim: int, scale: float) -> np.ndarray:
-        qkv = np.ascontiguousarray(qkv, dtype=np.float32)
+    def attention(
+        self, qkv: np.ndarray, num_heads: int, head_dim: int, scale: float, bias: np.ndarray | None = None
+    ) -> np.ndarray:
+        feeds = {"qkv": np.ascontiguousarray(qkv, dtype=np.float32)}
+        version = "1"
+        if bias is not None:
+            feeds["bias"], version = np.ascontiguousarray(bias, dtype=np.float32), "2"
         node = attention_spec().make_onnx_node(
-            ["qkv"], ["out"], num_heads=num_heads, head_dim=head_dim, scale=scale
+            list(feeds), ["out"], version=version, num_heads=num_heads, head_dim=head_dim, scale=scale
         )
-        key = ("attention", num_heads, head_dim, scale, qkv.shape)
+        key = ("attention", num_heads, head_dim, scale, *(a.shape for a in feeds.values()))
         return self._run(
-            key,
-            lambda: op_model(node, attention_function(self.opset), {"qkv": qkv}, self.opset),
-            {"qkv": qkv},
+            key, lambda: op_model(node, attention_function(self.opset, version), feeds, self.opset), feeds
         )[0]
 
     def patch_embed(self, m: Any, x: np.ndarray) -> list[np.ndarray]:

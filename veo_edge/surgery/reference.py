@@ -12,8 +12,19 @@ import math
 import numpy as np
 
 
-def attention(qkv: np.ndarray, *, num_heads: int, head_dim: int, scale: float = 0.0) -> np.ndarray:
-    """``VeoAttention``: packed (N, S, 3*H*D) -> merged heads (N, S, H*D)."""
+def attention(
+    qkv: np.ndarray,
+    bias: np.ndarray | None = None,
+    *,
+    num_heads: int,
+    head_dim: int,
+    scale: float = 0.0,
+) -> np.ndarray:
+    """``VeoAttention``: packed (N, S, 3*H*D) -> merged heads (N, S, H*D), ``softmax(Q Kᵀ·scale + bias) V``.
+
+    ``bias`` (version 2) is (B, 1|H, S, S) with N a multiple of B: attention batch n adds row n mod B.
+    Its values are first clamped to the lowest finite value of its dtype (a -inf mask in float16 is
+    -65504), as the kernels do, so no row turns into NaN."""
     x = np.asarray(qkv, dtype=np.float64)
     n, s, three_e = x.shape
     e = num_heads * head_dim
@@ -26,11 +37,30 @@ def attention(qkv: np.ndarray, *, num_heads: int, head_dim: int, scale: float = 
     heads = x.reshape(n, s, 3, num_heads, head_dim).transpose(2, 0, 3, 1, 4)  # (3, N, H, S, D)
     q, k, v = heads[0], heads[1], heads[2]
     logits = np.einsum("nhsd,nhtd->nhst", q, k) * scale
+    if bias is not None:
+        logits = logits + _periodic(clamp_bias(bias), n, num_heads, s)
     logits -= logits.max(axis=-1, keepdims=True)
     p = np.exp(logits)
     p /= p.sum(axis=-1, keepdims=True)
     out = np.einsum("nhst,nhtd->nhsd", p, v)  # (N, H, S, D)
     return out.transpose(0, 2, 1, 3).reshape(n, s, e)
+
+
+def clamp_bias(bias: np.ndarray) -> np.ndarray:
+    """``bias`` in float64 with values below its dtype's lowest finite value (-inf) raised to it."""
+    b = np.asarray(bias)
+    lowest = np.finfo(b.dtype).min if np.issubdtype(b.dtype, np.floating) else np.finfo(np.float32).min
+    return np.maximum(b.astype(np.float64), float(lowest))
+
+
+def _periodic(bias: np.ndarray, n: int, num_heads: int, s: int) -> np.ndarray:
+    """(B, Hb, S, S) -> (N, H, S, S) with row n = bias[n mod B]."""
+    if bias.ndim != 4 or bias.shape[1] not in (1, num_heads) or bias.shape[2:] != (s, s):
+        raise ValueError(f"bias has shape {bias.shape}, expected (B, 1 or {num_heads}, {s}, {s})")
+    b = bias.shape[0]
+    if b < 1 or n % b:
+        raise ValueError(f"the attention batch {n} is not a multiple of the bias batch {b}")
+    return np.broadcast_to(bias[np.arange(n) % b], (n, num_heads, s, s))
 
 
 def _patchify(x: np.ndarray, patch_size: tuple[int, ...]) -> np.ndarray:

@@ -14,10 +14,18 @@ FAMILY = {"VeoPatchEmbedLayerNorm": "patch embedding", "VeoAttention": "attentio
 
 #: per failed check: why the region was left alone, and what a user can do about it
 ADVICE = {
-    "no_mask": (
-        "additive bias or mask before the softmax (relative position bias, a non-zero attention mask); "
-        "not supported by VeoAttention v1 (it has no bias input), TensorRT runs these layers unfused"
+    "input_bias": (
+        "a term added to the scores before the softmax depends on the input (a runtime attention mask, a "
+        "bias computed from the tokens); VeoAttention v2 takes a constant bias only (a relative position "
+        "bias, a window mask), TensorRT runs these layers unfused"
     ),
+    "bias_shape": (
+        "the constant bias does not broadcast as (1 or the windows of an image, 1 or H, S, S) over the "
+        "attention batch"
+    ),
+    "bias_layout": "a reshape or transpose sits between the additive bias and the softmax",
+    "masked_fill": "the scores are masked with Where (masked_fill) rather than an additive bias",
+    "kv_cache": "the Attention op has past key/value inputs (decoder-style attention)",
     "scores_matmul": "the softmax does not read Q·Kᵀ (a classifier or pooling softmax, not attention)",
     "context_matmul": (
         "the softmax output is used by more than the context MatMul (attention weights returned or "
@@ -46,7 +54,7 @@ ADVICE = {
     "qkv_source": "Q, K and V come from mismatched sources (cross-attention?)",
     "merged_heads": "the heads are not merged back to (N, S, E)",
     "one_layout": "a second patch embedding with another layout: the op is made for one layout per model",
-    "plain_softmax": "causal or soft-capped attention; not supported by VeoAttention v1",
+    "plain_softmax": "causal or soft-capped attention; not supported by VeoAttention",
     "single_output": "the Attention op's extra outputs are used",
     "no_layernorm": "no LayerNorm after the embedding (post-norm model): fused without it",
 }

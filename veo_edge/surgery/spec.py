@@ -85,6 +85,7 @@ class TensorSpec:
     shape: tuple[str, ...]
     optional: bool = False
     doc: str = ""
+    since_version: str = "1"  # the first version of the op that has this input
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,17 @@ class PluginSpec:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     path: Path
+    #: every version the plugin library registers a creator for (TensorRT keys creators by name and
+    #: version); an older version is the newest one without the inputs added since
+    versions: tuple[str, ...] = ()
+
+    def inputs_of(self, version: str) -> tuple[TensorSpec, ...]:
+        """The inputs a node of ``version`` takes."""
+        if version not in self.versions:
+            raise SpecError(
+                f"{self.name} has no version {version!r}; the spec ({self.path}) lists: {', '.join(self.versions)}"
+            )
+        return tuple(t for t in self.inputs if int(t.since_version) <= int(version))
 
     def attr(self, name: str) -> AttrSpec:
         for a in self.attributes:
@@ -127,34 +139,69 @@ class PluginSpec:
                 out[a.name] = a.coerce(self.name, a.default)
         return out
 
-    def node_attrs(self, **given: Any) -> dict[str, Any]:
+    def node_attrs(self, *, version: str | None = None, **given: Any) -> dict[str, Any]:
         """The attributes a node of this op carries: all spec attributes (defaults written out), plus the
-        ``plugin_version`` and ``plugin_namespace`` strings of TensorRT's plugin importer."""
+        ``plugin_version`` (``version``, default the newest) and ``plugin_namespace`` strings of
+        TensorRT's plugin importer."""
+        version = self.version if version is None else str(version)
+        self.inputs_of(version)  # a known version
         return {
             **self.resolve_attrs(**given),
-            "plugin_version": self.version,
+            "plugin_version": version,
             "plugin_namespace": self.namespace,
         }
 
-    def make_node(self, inputs: list, outputs: list, name: str | None = None, **attrs: Any):
+    def _check_inputs(self, n: int, version: str | None) -> None:
+        allowed = self.inputs_of(self.version if version is None else str(version))
+        least = sum(not t.optional for t in allowed)
+        if not least <= n <= len(allowed):
+            raise SpecError(
+                f"{self.name} version {version or self.version} takes {least}..{len(allowed)} inputs "
+                f"({', '.join(t.name for t in allowed)}), got {n}"
+            )
+
+    def make_node(
+        self,
+        inputs: list,
+        outputs: list,
+        name: str | None = None,
+        *,
+        version: str | None = None,
+        **attrs: Any,
+    ):
         """An onnx-graphsurgeon node of this op (inputs/outputs are ``gs.Tensor`` objects)."""
         import onnx_graphsurgeon as gs
 
+        self._check_inputs(len(inputs), version)
         return gs.Node(
             op=self.name,
             name=name,
             domain=self.domain,
-            attrs=self.node_attrs(**attrs),
+            attrs=self.node_attrs(version=version, **attrs),
             inputs=inputs,
             outputs=outputs,
         )
 
-    def make_onnx_node(self, inputs: list[str], outputs: list[str], name: str | None = None, **attrs: Any):
+    def make_onnx_node(
+        self,
+        inputs: list[str],
+        outputs: list[str],
+        name: str | None = None,
+        *,
+        version: str | None = None,
+        **attrs: Any,
+    ):
         """The same as an ``onnx.NodeProto`` (tensor names)."""
         import onnx
 
+        self._check_inputs(len(inputs), version)
         return onnx.helper.make_node(
-            self.name, inputs, outputs, name=name, domain=self.domain, **self.node_attrs(**attrs)
+            self.name,
+            inputs,
+            outputs,
+            name=name,
+            domain=self.domain,
+            **self.node_attrs(version=version, **attrs),
         )
 
 
@@ -181,7 +228,12 @@ def _parse(data: dict[str, Any], path: Path) -> PluginSpec:
     def tensors(items: list[dict[str, Any]]) -> tuple[TensorSpec, ...]:
         return tuple(
             TensorSpec(
-                t["name"], t["type"], tuple(t.get("shape", ())), bool(t.get("optional")), t.get("doc", "")
+                t["name"],
+                t["type"],
+                tuple(t.get("shape", ())),
+                bool(t.get("optional")),
+                t.get("doc", ""),
+                str(t.get("since_version", "1")),
             )
             for t in items
         )
@@ -197,7 +249,13 @@ def _parse(data: dict[str, Any], path: Path) -> PluginSpec:
         inputs=tensors(data["inputs"]),
         outputs=tensors(data["outputs"]),
         path=path,
+        versions=tuple(str(v) for v in data.get("versions", [data["version"]])),
     )
+    if spec.version not in spec.versions or any(t.since_version not in spec.versions for t in spec.inputs):
+        raise SpecError(
+            f"plugin spec {path}: version {spec.version!r} and every input's since_version must be among "
+            f"its versions {list(spec.versions)}"
+        )
     for a in spec.attributes:  # defaults must themselves satisfy the spec
         if not a.required:
             a.coerce(spec.name, a.default)

@@ -282,6 +282,9 @@ def run(torch, lib_path: Path, quick: bool, tiny: bool = False) -> bool:
     lib = load(lib_path)
     rows: list = []
     ok = check_attention(torch, lib, quick, rows, tiny)
+    from checks_attention_bias import check_attention_bias  # VeoAttention v2: the bias input
+
+    ok &= check_attention_bias(torch, lib, quick, rows, FLOOR, timed, maxerr, tiny)
     ok &= check_patch_embed(torch, lib, quick, rows, tiny)
     hdr = f"{'op':<10} {'case':<32} {'dtype':<8} {'err':>9} {'err_torch':>9} {'ours ms':>8} {'torch ms':>8} {'x':>5}  ok"
     print(hdr)

@@ -20,9 +20,13 @@ from veo_edge.serve.protocol.spec import (
     ModelSpec,
     ProtocolError,
     RequestedOutput,
+    ShmInput,
+    ShmRef,
     TensorSpec,
     datatype_of,
     load_labels,
+    shm_input,
+    shm_ref,
 )
 
 __all__ = [
@@ -32,6 +36,8 @@ __all__ = [
     "ModelSpec",
     "ProtocolError",
     "RequestedOutput",
+    "ShmInput",
+    "ShmRef",
     "TensorSpec",
     "bytes_tensor",
     "check_requested_outputs",
@@ -42,4 +48,6 @@ __all__ = [
     "encode_infer_response",
     "load_labels",
     "parse_infer_request",
+    "shm_input",
+    "shm_ref",
 ]

@@ -16,9 +16,12 @@ from veo_edge.serve.protocol.spec import (
     ModelSpec,
     ProtocolError,
     RequestedOutput,
+    ShmInput,
     TensorSpec,
     decode_json,
     expect,
+    shm_input,
+    shm_ref,
 )
 
 
@@ -105,6 +108,7 @@ def parse_infer_request(
     inputs = expect(req.get("inputs"), list, "'inputs'")
     specs = {s.name: s for s in model.inputs}
     arrays: dict[str, np.ndarray] = {}
+    in_shm: dict[str, ShmInput] = {}
     offset = 0
     for i, item in enumerate(inputs):
         item = expect(item, dict, f"inputs[{i}]")
@@ -115,14 +119,25 @@ def parse_infer_request(
                 f"unknown input {name!r}; model {model.name!r} has inputs: "
                 f"{'; '.join(s.describe() for s in model.inputs)}"
             )
-        if name in arrays:
+        if name in arrays or name in in_shm:
             raise ProtocolError(f"input {name!r} is given twice")
         datatype = expect(item.get("datatype"), str, f"input {name!r} 'datatype'")
+        if "BYTES" in (datatype, spec.datatype):  # encoded pictures: serve/images.py
+            from veo_edge.serve.images import parse_http_pictures
+
+            arrays[name], offset = parse_http_pictures(item, spec, model, tail, offset)
+            continue
         if datatype != spec.datatype:
             raise ProtocolError(f"input {name!r} has datatype {datatype!r}, expected {spec.datatype}")
         shape = _check_shape(spec, item.get("shape"), model.max_batch)
-        size = _params(item, f"input {name!r}").get("binary_data_size")
-        if size is not None:
+        params = _params(item, f"input {name!r}")
+        size = params.get("binary_data_size")
+        ref = shm_ref(params, f"input {name!r}")
+        if ref is not None:
+            if "data" in item or size is not None:
+                raise ProtocolError(f"input {name!r} is in shared memory and has 'data' too; send one")
+            in_shm[name] = shm_input(name, datatype, shape, ref)
+        elif size is not None:
             if "data" in item:
                 raise ProtocolError(f"input {name!r} has both 'data' and binary_data_size; send one")
             expect(size, int, f"input {name!r} binary_data_size")
@@ -150,13 +165,13 @@ def parse_infer_request(
             f"the body has {len(tail) - offset} bytes after the binary data of the inputs; "
             "binary_data_size or Inference-Header-Content-Length is wrong"
         )
-    missing = [s.name for s in model.inputs if s.name not in arrays]
+    missing = [s.name for s in model.inputs if s.name not in arrays and s.name not in in_shm]
     if missing:
         raise ProtocolError(
             f"missing input(s) {missing}; model {model.name!r} needs: "
             f"{'; '.join(s.describe() for s in model.inputs)}"
         )
-    batches = {a.shape[0] for a in arrays.values()}
+    batches = {a.shape[0] for a in arrays.values()} | {x.shape[0] for x in in_shm.values()}
     if len(batches) != 1:
         raise ProtocolError(f"inputs disagree on the batch size: {sorted(batches)}")
 
@@ -174,9 +189,11 @@ def parse_infer_request(
             # the extension's parameter is "classification" (what tritonclient sends); class_count too
             count = params.get("classification", params.get("class_count", 0))
             expect(count, int, f"output {name!r} classification (class_count)")
-            requested.append(RequestedOutput(name, binary is True, count))
+            requested.append(
+                RequestedOutput(name, binary is True, count, shm_ref(params, f"output {name!r}"))
+            )
     check_requested_outputs(model, requested)
-    return InferRequest(arrays, requested, batches.pop(), request_id, parameters)
+    return InferRequest(arrays, requested, batches.pop(), request_id, parameters, in_shm)
 
 
 def check_requested_outputs(model: ModelSpec, requested: list[RequestedOutput]) -> None:

@@ -5,11 +5,12 @@ layout, and the classification extension's top-k classes.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from veo_edge.serve.protocol.spec import InferRequest, ModelSpec, datatype_of
+from veo_edge.serve.protocol.spec import InferRequest, ModelSpec, ShmRef, datatype_of
 
 
 def classify(arr: np.ndarray, count: int, labels: list[str] | None) -> np.ndarray:
@@ -32,17 +33,52 @@ def bytes_tensor(arr: np.ndarray) -> bytes:
     return b"".join(len(v).to_bytes(4, "little") + v for v in arr.ravel())
 
 
+def output_bytes(
+    arr: np.ndarray, class_count: int, labels: list[str] | None
+) -> tuple[str, list[int], bytes | memoryview]:
+    """(datatype, shape, little-endian bytes) of one output as the binary layouts carry it (any transport)."""
+    if class_count:
+        top = classify(arr, class_count, labels)
+        return "BYTES", list(top.shape), bytes_tensor(top)
+    data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+    return datatype_of(arr.dtype), list(arr.shape), memoryview(data).cast("B")
+
+
+def shm_params(ref: ShmRef, size: int) -> dict[str, Any]:
+    """The parameters of an output answered in shared memory (as Triton answers them)."""
+    params: dict[str, Any] = {"shared_memory_region": ref.region, "shared_memory_byte_size": size}
+    if ref.offset:
+        params["shared_memory_offset"] = ref.offset
+    return params
+
+
 def encode_infer_response(
     model: ModelSpec,
     request: InferRequest,
     outputs: dict[str, np.ndarray],
     labels: list[str] | None = None,
+    write_shm: Callable[[ShmRef, bytes | memoryview], None] | None = None,
 ) -> tuple[list[bytes | memoryview], int | None]:
-    """Body chunks of the response and the JSON header length (``None`` when the body is all JSON)."""
+    """Body chunks of the response and the JSON header length (``None`` when the body is all JSON).
+
+    Outputs requested in shared memory are handed to ``write_shm`` (see :mod:`veo_edge.serve.shm`) and
+    answered with their region and byte size, without data."""
     tensors = []
     binaries: list[bytes | memoryview] = []
     for want in request.outputs:
         arr = outputs[want.name]
+        if want.shm is not None and write_shm is not None:
+            datatype, shape, data = output_bytes(arr, want.class_count, labels)
+            write_shm(want.shm, data)
+            tensors.append(
+                {
+                    "name": want.name,
+                    "datatype": datatype,
+                    "shape": shape,
+                    "parameters": shm_params(want.shm, len(data)),
+                }
+            )
+            continue
         if want.class_count:
             top = classify(arr, want.class_count, labels)
             entry: dict[str, Any] = {"name": want.name, "datatype": "BYTES", "shape": list(top.shape)}

@@ -6,6 +6,7 @@ body that the server's parser and the client's decoder share.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,10 +44,17 @@ class ProtocolError(InputError):
 
 def datatype_of(dtype: str | np.dtype) -> str:
     """Protocol datatype name of a numpy dtype (``float32`` -> ``FP32``)."""
+    known = _DATATYPE_CACHE.get(dtype)  # every response asks; numpy's dtype.name is Python code
+    if known is not None:
+        return known
     name = np.dtype(dtype).name
     if name not in _NUMPY_TO_DATATYPE:
         raise ProtocolError(f"numpy dtype {name} has no Open Inference Protocol datatype")
+    _DATATYPE_CACHE[dtype] = _NUMPY_TO_DATATYPE[name]
     return _NUMPY_TO_DATATYPE[name]
+
+
+_DATATYPE_CACHE: dict[str | np.dtype, str] = {}
 
 
 @dataclass(frozen=True)
@@ -78,15 +86,41 @@ class ModelSpec:
     outputs: tuple[TensorSpec, ...]
     max_batch: int
     version: str = "1"
+    #: how a picture becomes the input (a :class:`~veo_edge.preprocess.Preprocess`), when the build records
+    #: it: the model then also takes encoded pictures as BYTES (see :mod:`veo_edge.serve.images`)
+    preprocess: Any = field(default=None, compare=False)
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], name: str | None = None) -> ModelSpec:
+        from veo_edge.preprocess import Preprocess
+
+        prep = manifest.get("preprocess")
         return cls(
             name=name or manifest["model"]["name"],
             inputs=tuple(TensorSpec.from_manifest(e) for e in manifest["inputs"]),
             outputs=tuple(TensorSpec.from_manifest(e) for e in manifest["outputs"]),
             max_batch=int(manifest["max_batch"]),
+            preprocess=Preprocess.from_manifest(prep) if prep else None,
         )
+
+
+@dataclass(frozen=True)
+class ShmRef:
+    """A tensor's bytes in a registered shared-memory region (Triton's shared-memory extension)."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+@dataclass(frozen=True)
+class ShmInput:
+    """An input whose bytes lie in shared memory: where, and the array they make (resolved by
+    :mod:`veo_edge.serve.shm`, so that parsing stays a pure function)."""
+
+    ref: ShmRef
+    shape: tuple[int, ...]
+    dtype: np.dtype
 
 
 @dataclass(frozen=True)
@@ -95,6 +129,8 @@ class RequestedOutput:
     binary: bool
     #: the classification extension: answer the top ``class_count`` classes as BYTES, not the tensor
     class_count: int = 0
+    #: written into this shared-memory region instead of the response body
+    shm: ShmRef | None = None
 
 
 @dataclass
@@ -106,6 +142,31 @@ class InferRequest:
     batch: int
     id: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: inputs given in shared memory; their arrays join ``inputs`` once the regions are resolved
+    shm_inputs: dict[str, ShmInput] = field(default_factory=dict)
+
+
+def shm_ref(params: dict[str, Any], what: str) -> ShmRef | None:
+    """The shared-memory parameters of one tensor (any transport), or ``None`` when it has none."""
+    region = params.get("shared_memory_region")
+    size = params.get("shared_memory_byte_size")
+    if region is None and size is None:
+        if params.get("shared_memory_offset") is not None:
+            raise ProtocolError(f"{what} has shared_memory_offset without shared_memory_region")
+        return None
+    if region is None or size is None:
+        raise ProtocolError(
+            f"{what} needs both shared_memory_region and shared_memory_byte_size, got only "
+            f"{'shared_memory_region' if size is None else 'shared_memory_byte_size'}"
+        )
+    expect(region, str, f"{what} shared_memory_region")
+    expect(size, int, f"{what} shared_memory_byte_size")
+    offset = expect(params.get("shared_memory_offset", 0), int, f"{what} shared_memory_offset")
+    if size < 0 or offset < 0:
+        raise ProtocolError(
+            f"{what} has shared_memory_offset {offset} and shared_memory_byte_size {size}; both must be >= 0"
+        )
+    return ShmRef(region, offset, size)
 
 
 def decode_json(raw: bytes | memoryview, what: str) -> Any:
@@ -145,3 +206,15 @@ def load_labels(build: Any) -> list[str] | None:
     if path.is_file():
         return path.read_text(encoding="utf-8").splitlines()  # line i is class i
     return None
+
+
+def shm_input(name: str, datatype: str, shape: tuple[int, ...], ref: ShmRef) -> ShmInput:
+    """A shared-memory input whose byte size fits its shape (any transport); 400 otherwise."""
+    dtype = DATATYPES[datatype]
+    need = math.prod(shape) * dtype.itemsize
+    if ref.byte_size != need:
+        raise ProtocolError(
+            f"input {name!r} has shared_memory_byte_size {ref.byte_size}, its shape {list(shape)} of "
+            f"{datatype} needs {need} bytes"
+        )
+    return ShmInput(ref, tuple(shape), dtype)
