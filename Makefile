@@ -7,7 +7,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PIP := $(PYTHON) -m pip
 
-.PHONY: setup demo plugins lint test
+.PHONY: setup demo plugins lint test arm64-check
 
 $(PYTHON):
 	$(BASE_PYTHON) -m venv $(VENV)
@@ -38,3 +38,8 @@ lint:
 # the ten slowest tests are printed at the end
 test: setup plugins lint
 	$(PYTHON) -m pytest -q -n 2 --dist loadgroup --durations=10
+
+# arm64 images under QEMU + Dockerfile.jetson and the A100 image against stand-in bases (needs root,
+# Docker, network; ~30 min on 2 cores; not part of `make test`): tools/arm64-check.sh, docs/images.md
+arm64-check:
+	nice tools/arm64-check.sh

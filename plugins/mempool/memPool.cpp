@@ -49,6 +49,10 @@ MemPool::~MemPool()
     {
         mBackend->releaseFence(p.fence);
     }
+    for (void* f : mOrphaned) // only a pool destroyed while a thread still waits in allocate leaves any
+    {
+        mBackend->releaseFence(f);
+    }
     for (auto const& r : mRegions)
     {
         if (r.bytes != 0)
@@ -168,7 +172,7 @@ void MemPool::reclaimLocked()
         {
             if (mBackend->fenceDone(it->fence))
             {
-                mBackend->releaseFence(it->fence);
+                releaseFenceLocked(it->fence);
                 mStats.pendingFree -= mBlocks.at(it->addr).size;
                 makeFreeLocked(it->addr);
             }
@@ -191,38 +195,108 @@ void* MemPool::takePendingLocked(std::vector<Pending>::iterator it)
     // Taken whole (not split), so no part of a pending slice ever reaches another stream early.
     void* p = reinterpret_cast<void*>(it->addr);
     mStats.pendingFree -= mBlocks.at(it->addr).size;
-    mBackend->releaseFence(it->fence);
+    releaseFenceLocked(it->fence);
     mPending.erase(it);
     return p;
 }
 
-void* MemPool::waitForFitLocked(std::size_t need)
+void MemPool::releaseFenceLocked(void* fence) noexcept
 {
-    while (!mPending.empty())
+    if (std::find(mWaited.begin(), mWaited.end(), fence) == mWaited.end())
     {
-        // The smallest pending slice that holds `need` on its own; else the oldest free, whose slice may
-        // coalesce with its neighbours into a fitting block.
-        auto pick = mPending.begin();
-        std::size_t best = 0;
-        for (auto pit = mPending.begin(); pit != mPending.end(); ++pit)
+        mBackend->releaseFence(fence);
+        return;
+    }
+    try
+    {
+        mOrphaned.push_back(fence);
+    }
+    catch (...) // no room to remember it: leak one event rather than recycle one a thread waits on
+    {
+    }
+}
+
+bool MemPool::sameStream(Pending const& p, Stream s) noexcept
+{
+    auto const canonical = [](void* h) { // cudaStreamLegacy is the null (legacy default) stream
+        return reinterpret_cast<std::uintptr_t>(h) == Stream::kLEGACY_HANDLE ? std::uintptr_t{0}
+                                                                             : reinterpret_cast<std::uintptr_t>(h);
+    };
+    std::uintptr_t const h = canonical(s.handle());
+    if (!s.ordered() || canonical(p.stream) != h)
+    {
+        return false;
+    }
+    return h != Stream::kPER_THREAD_HANDLE || p.thread == std::this_thread::get_id();
+}
+
+void* MemPool::takeFitLocked(std::size_t need, Stream stream)
+{
+    auto it = mFree.lower_bound(need); // best fit: the smallest free block that holds `need`
+    if (it != mFree.end())
+    {
+        return takeLocked(it, need);
+    }
+    auto best = mPending.end();
+    for (auto pit = mPending.begin(); pit != mPending.end(); ++pit)
+    {
+        std::size_t const sz = mBlocks.at(pit->addr).size;
+        if (sameStream(*pit, stream) && sz >= need && (best == mPending.end() || sz < mBlocks.at(best->addr).size))
         {
-            std::size_t const sz = mBlocks.at(pit->addr).size;
-            if (sz >= need && (best == 0 || sz < best))
-            {
-                pick = pit;
-                best = sz;
-            }
-        }
-        mBackend->waitFence(pick->fence); // may throw (a lost device): nothing changed yet
-        ++mStats.fenceWaits;
-        reclaimLocked();
-        auto it = mFree.lower_bound(need);
-        if (it != mFree.end())
-        {
-            return takeLocked(it, need);
+            best = pit;
         }
     }
-    return nullptr;
+    return best != mPending.end() ? takePendingLocked(best) : nullptr;
+}
+
+void* MemPool::fenceToWaitLocked(std::size_t need)
+{
+    if (mPending.empty())
+    {
+        return nullptr;
+    }
+    // The smallest pending slice that holds `need` on its own; else the oldest free, whose slice may
+    // coalesce with its neighbours into a fitting block.
+    auto pick = mPending.begin();
+    std::size_t best = 0;
+    for (auto pit = mPending.begin(); pit != mPending.end(); ++pit)
+    {
+        std::size_t const sz = mBlocks.at(pit->addr).size;
+        if (sz >= need && (best == 0 || sz < best))
+        {
+            pick = pit;
+            best = sz;
+        }
+    }
+    mWaited.push_back(pick->fence);
+    return pick->fence;
+}
+
+void MemPool::waitUnlocked(std::unique_lock<std::mutex>& lock, void* fence)
+{
+    auto const done = [&] { // with the lock held again: drop the mark; the last waiter of an orphan frees it
+        mWaited.erase(std::find(mWaited.begin(), mWaited.end(), fence));
+        auto orphan = std::find(mOrphaned.begin(), mOrphaned.end(), fence);
+        if (orphan != mOrphaned.end() && std::find(mWaited.begin(), mWaited.end(), fence) == mWaited.end())
+        {
+            mOrphaned.erase(orphan);
+            mBackend->releaseFence(fence);
+        }
+    };
+    lock.unlock();
+    try
+    {
+        mBackend->waitFence(fence); // may throw (a lost device): nothing of the pool changed
+    }
+    catch (...)
+    {
+        lock.lock();
+        done();
+        throw;
+    }
+    lock.lock();
+    done();
+    ++mStats.fenceWaits;
 }
 
 void* MemPool::allocate(std::size_t bytes, Stream stream)
@@ -232,37 +306,25 @@ void* MemPool::allocate(std::size_t bytes, Stream stream)
         throw PoolError(PoolError::Code::kINVALID_ARGUMENT, "cannot allocate 0 bytes from the memory pool; ask for > 0");
     }
     std::size_t const need = alignedSize(bytes, "allocation");
-    std::lock_guard<std::mutex> lock(mMutex);
-    if (!mPending.empty())
-    {
-        reclaimLocked();
-    }
+    std::unique_lock<std::mutex> lock(mMutex);
     void* p = nullptr;
-    auto it = mFree.lower_bound(need); // best fit: the smallest free block that holds `need`
-    if (it != mFree.end())
+    for (;;)
     {
-        p = takeLocked(it, need);
-    }
-    if (p == nullptr && stream.ordered())
-    {
-        auto best = mPending.end();
-        for (auto pit = mPending.begin(); pit != mPending.end(); ++pit)
+        if (!mPending.empty())
         {
-            std::size_t const sz = mBlocks.at(pit->addr).size;
-            if (pit->stream == stream.handle() && sz >= need
-                && (best == mPending.end() || sz < mBlocks.at(best->addr).size))
-            {
-                best = pit;
-            }
+            reclaimLocked();
         }
-        if (best != mPending.end())
+        p = takeFitLocked(need, stream);
+        if (p != nullptr)
         {
-            p = takePendingLocked(best);
+            break;
         }
-    }
-    if (p == nullptr)
-    {
-        p = waitForFitLocked(need); // a free still in flight on another stream beats growing
+        void* fence = fenceToWaitLocked(need); // a free still in flight on another stream beats growing
+        if (fence == nullptr)
+        {
+            break;
+        }
+        waitUnlocked(lock, fence); // others allocate and free meanwhile: look again from the top
     }
     if (p == nullptr)
     {
@@ -317,7 +379,7 @@ void MemPool::free(void* ptr, Stream stream)
         makeFreeLocked(addr);
         return;
     }
-    mPending.push_back(Pending{addr, stream.handle(), fence});
+    mPending.push_back(Pending{addr, stream.handle(), fence, std::this_thread::get_id()});
     mStats.pendingFree += it->second.size;
 }
 

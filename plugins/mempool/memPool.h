@@ -10,6 +10,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace veo
@@ -18,9 +19,13 @@ namespace veo
 //! The stream a call is ordered on. `Stream::none()` (the default) means no stream: a free is reusable at
 //! once, an allocation reuses no pending slice. Any other value is a cudaStream_t, and a null one is the
 //! legacy default stream (what TensorRT's IGpuAsyncAllocator means by a null stream), fenced like any other.
+//! CUDA's two special handles (driver_types.h) are understood: cudaStreamLegacy (0x1) is the same stream as
+//! null, and cudaStreamPerThread (0x2) is a different stream in every thread that passes it.
 class Stream
 {
 public:
+    static constexpr std::uintptr_t kLEGACY_HANDLE = 0x1;     //!< cudaStreamLegacy
+    static constexpr std::uintptr_t kPER_THREAD_HANDLE = 0x2; //!< cudaStreamPerThread
     constexpr Stream(void* handle) noexcept // NOLINT(google-explicit-constructor): a cudaStream_t converts
         : mHandle(handle)
         , mOrdered(true)
@@ -38,7 +43,9 @@ private:
 
 //! Where the pool's memory comes from and how stream-ordered frees are fenced. A stream and a fence are
 //! opaque handles (cudaStream_t / cudaEvent_t for the CUDA backend). The pool calls every method under its
-//! lock, so a backend needs no locking of its own.
+//! lock except waitFence, which it calls with the lock released (a wait may take a stream's whole queue):
+//! waitFence must be safe alongside the other methods; the pool keeps the fence alive (never passes it to
+//! releaseFence) until every wait on it has returned.
 class PoolBackend
 {
 public:
@@ -52,7 +59,7 @@ public:
     virtual void* recordFence(void* stream) = 0;
     //! True once the work queued on the fence's stream before recordFence has finished.
     virtual bool fenceDone(void* fence) = 0;
-    //! Block until fenceDone(fence) would be true.
+    //! Block until fenceDone(fence) would be true. Called without the pool's lock.
     virtual void waitFence(void* fence) = 0;
     //! The pool is done with `fence`; the backend may recycle it for a later recordFence.
     virtual void releaseFence(void* fence) noexcept = 0;
@@ -130,8 +137,10 @@ public:
 
     //! A 256-byte aligned slice of at least `bytes` (> 0). In this order: the best-fitting free slice; on
     //! an ordered `stream`, a slice freed on that same stream it has not passed yet (stream order makes that
-    //! safe); a slice freed on another stream, after waiting for that stream to pass the free; and only then
-    //! a new overflow region (counted, within the overflow limit), else kOUT_OF_MEMORY.
+    //! safe; cudaStreamPerThread counts as the same stream only in the thread that freed it); a slice freed
+    //! on another stream, after waiting for that stream to pass the free (the pool's lock is released
+    //! while it waits, so other threads allocate and free meanwhile); and only then a new overflow region
+    //! (counted, within the overflow limit), else kOUT_OF_MEMORY.
     void* allocate(std::size_t bytes, Stream stream = Stream::none());
     //! Return a slice. On an ordered stream (null = the legacy default stream) the slice is reused by
     //! other streams only once that stream has passed this point; with Stream::none(), at once. An overflow
@@ -165,6 +174,7 @@ private:
         std::uintptr_t addr;
         void* stream; //!< the ordered stream of the free (nullptr: the legacy default stream)
         void* fence;
+        std::thread::id thread; //!< who freed it: cudaStreamPerThread is a different stream in each thread
     };
     struct Region
     {
@@ -177,9 +187,17 @@ private:
 
     void addRegion(std::size_t bytes, bool overflow);
     void reclaimLocked();
-    //! Waits on pending frees (the best-fitting one first, else the oldest) until `need` fits; nullptr
-    //! when nothing pending can make it fit.
-    void* waitForFitLocked(std::size_t need);
+    //! The best-fitting free slice, else a pending slice freed on `stream` itself; nullptr when neither.
+    void* takeFitLocked(std::size_t need, Stream stream);
+    //! The fence to wait on for `need` (the best-fitting pending free, else the oldest), marked as waited
+    //! on so that it outlives the wait; nullptr when nothing is pending.
+    void* fenceToWaitLocked(std::size_t need);
+    //! Waits on `fence` with `lock` released, then drops the mark (and the fence, if it was reclaimed
+    //! meanwhile). Rethrows what the backend throws, with the lock held again.
+    void waitUnlocked(std::unique_lock<std::mutex>& lock, void* fence);
+    //! Gives `fence` back to the backend, or, while a thread waits on it, leaves that to the last waiter.
+    void releaseFenceLocked(void* fence) noexcept;
+    static bool sameStream(Pending const& p, Stream s) noexcept;
     void* takePendingLocked(std::vector<Pending>::iterator it);
     void makeFreeLocked(std::uintptr_t addr);
     void releaseRegionIfFreeLocked(std::uintptr_t addr);
@@ -192,6 +210,8 @@ private:
     BlockMap mBlocks;
     FreeIndex mFree;
     std::vector<Pending> mPending;
+    std::vector<void*> mWaited;   //!< fences a thread waits on without the lock (one entry per waiter)
+    std::vector<void*> mOrphaned; //!< waited-on fences whose free was reclaimed: the last waiter releases them
     std::size_t mDefaultOverflowLimit{0};
     PoolStats mStats;
 };

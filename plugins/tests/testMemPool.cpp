@@ -2,7 +2,6 @@
 // backend over stand-ins for the cudart calls it makes (what CUDA itself does is all that is faked).
 #include "cudaBackend.h"
 #include "memPool.h"
-#include "poolAllocatorContract.h"
 #include "testHarness.h"
 #include "veoMempool.h"
 
@@ -14,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <future>
 #include <limits>
 #include <map>
 #include <random>
@@ -469,33 +470,121 @@ VEO_TEST(null_stream_is_the_legacy_default_stream)
     requireSound(pool);
 }
 
-VEO_TEST(adapter_contract)
+VEO_TEST(cuda_special_stream_handles)
 {
+    // cudaStreamLegacy (0x1) is the null stream; cudaStreamPerThread (0x2) is one handle for a different
+    // stream in every thread: a slice freed on it may be reused at once by the thread that freed it only.
     auto backend = std::make_unique<FencedBackend>();
     FencedBackend* fb = backend.get();
-    MemPool pool(std::move(backend), 1 << 16);
-    std::string why = "stale";
-    VEO_CHECK(veo::poolAllocateAsync(pool, 0, 0, nullptr, why) == nullptr); // size 0: nullptr, not a slice
-    VEO_CHECK_EQ(why, std::string());
-    VEO_CHECK_EQ(pool.stats().allocCount, 0u);
-    VEO_CHECK(veo::poolAllocateAsync(pool, 100, 512, nullptr, why) == nullptr);
-    VEO_CHECK(why.find("alignment 512 requested") != std::string::npos);
-    VEO_CHECK(veo::poolAllocateAsync(pool, 100, 48, nullptr, why) == nullptr); // not a power of two
-    void* p = veo::poolAllocateAsync(pool, 100, 256, nullptr, why);
-    VEO_CHECK(p != nullptr);
-    void* q = veo::poolAllocateAsync(pool, 100, 0, nullptr, why); // 0: any alignment
-    VEO_CHECK(q != nullptr);
-    VEO_CHECK(veo::poolDeallocateAsync(pool, nullptr, nullptr, why)); // TensorRT may free what was nullptr
-    VEO_CHECK(veo::poolDeallocateAsync(pool, p, nullptr, why));
-    VEO_CHECK_EQ(fb->streams.size(), 1u); // fenced on the legacy default stream
-    VEO_CHECK_EQ(pool.stats().pendingFree, 256u);
-    VEO_CHECK(!veo::poolDeallocateAsync(pool, p, nullptr, why)); // a double free is refused, not a crash
-    VEO_CHECK(why.find("not a live slice") != std::string::npos);
-    pool.setOverflowAllowed(false);
-    VEO_CHECK(veo::poolAllocateAsync(pool, 1 << 20, 0, nullptr, why) == nullptr); // exhausted: nullptr
-    VEO_CHECK(why.find("memory pool exhausted") != std::string::npos);
-    VEO_CHECK(veo::poolDeallocateAsync(pool, q, reinterpret_cast<void*>(0x300), why));
-    fb->completeAll();
+    MemPool pool(std::move(backend), 4096);
+    void* const legacy = reinterpret_cast<void*>(veo::Stream::kLEGACY_HANDLE);
+    void* const perThread = reinterpret_cast<void*>(veo::Stream::kPER_THREAD_HANDLE);
+    void* a = pool.allocate(4096, nullptr);
+    pool.free(a, nullptr);
+    VEO_CHECK_EQ(pool.allocate(4096, legacy), a); // the same (legacy default) stream: at once
+    VEO_CHECK_EQ(fb->waits, 0);
+    pool.free(a, perThread);
+    VEO_CHECK_EQ(pool.allocate(4096, perThread), a); // this thread's own per-thread stream: at once
+    VEO_CHECK_EQ(fb->waits, 0);
+    pool.free(a, perThread);
+    void* other = nullptr;
+    std::thread([&] { other = pool.allocate(4096, perThread); }).join(); // another thread's stream
+    VEO_CHECK_EQ(other, a);
+    VEO_CHECK_EQ(fb->waits, 1); // it waited for this thread's stream to pass the free
+    pool.free(other);
+    requireSound(pool);
+}
+
+namespace
+{
+//! A FencedBackend whose waitFence blocks until the test opens the gate (a stream far behind the host),
+//! counting what the pool gives back.
+class GateBackend : public FencedBackend
+{
+public:
+    std::promise<void> entered;
+    std::promise<void> open;
+    std::shared_future<void> gate{open.get_future().share()};
+    std::map<void*, int> released;
+    void waitFence(void* f) override
+    {
+        entered.set_value();
+        gate.wait();
+        FencedBackend::waitFence(f); // throws if the pool let the fence go while it was waited on
+    }
+    void releaseFence(void* f) noexcept override
+    {
+        ++released[f];
+        FencedBackend::releaseFence(f);
+    }
+};
+
+//! Runs `fn` on another thread; false when it has not finished within a deadlock bound.
+bool finishes(std::function<void()> const& fn)
+{
+    auto f = std::async(std::launch::async, fn);
+    return f.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+}
+} // namespace
+
+VEO_TEST(waits_on_a_fence_without_the_lock)
+{
+    // A thread that waits for another stream to pass a free must not stall every other thread's
+    // allocations, frees and stats for as long as that stream's queue takes.
+    auto backend = std::make_unique<GateBackend>();
+    GateBackend* gb = backend.get();
+    MemPool pool(std::move(backend), 8192);
+    void* s1 = reinterpret_cast<void*>(0x100);
+    void* s2 = reinterpret_cast<void*>(0x200);
+    void* a = pool.allocate(4096, s1);
+    void* b = pool.allocate(2048);
+    pool.free(a, s1); // pending on s1; 2048 bytes stay free
+    void* got = nullptr;
+    std::thread waiter([&] { got = pool.allocate(4096, s2); }); // waits on s1's fence
+    gb->entered.get_future().wait();
+    void* c = nullptr;
+    bool const free = finishes([&] {
+        (void) pool.stats();
+        pool.free(b);
+        c = pool.allocate(1024);
+    });
+    gb->open.set_value();
+    waiter.join();
+    VEO_CHECK(free);
+    VEO_CHECK_EQ(got, a);
+    VEO_CHECK_EQ(pool.stats().fenceWaits, 1u);
+    pool.free(got);
+    pool.free(c);
+    requireSound(pool);
+}
+
+VEO_TEST(a_waited_fence_outlives_its_reclaimed_free)
+{
+    // While one thread waits on a fence, the slice it waits for is taken back by its own stream: the pool
+    // keeps the fence (the backend would recycle it) until the wait returns, then gives it back once.
+    auto backend = std::make_unique<GateBackend>();
+    GateBackend* gb = backend.get();
+    MemPool pool(std::move(backend), 4096);
+    void* s1 = reinterpret_cast<void*>(0x100);
+    void* s2 = reinterpret_cast<void*>(0x200);
+    void* a = pool.allocate(4096, s1);
+    pool.free(a, s1);
+    void* fence = gb->done.begin()->first;
+    void* got = nullptr;
+    std::thread waiter([&] { got = pool.allocate(4096, s2); });
+    gb->entered.get_future().wait();
+    void* again = nullptr;
+    bool const free = finishes([&] { again = pool.allocate(4096, s1); }); // s1 reuses its own pending slice
+    VEO_CHECK(free);
+    VEO_CHECK_EQ(again, a);
+    VEO_CHECK_EQ(gb->released.count(fence), 0u); // still waited on
+    gb->open.set_value();
+    waiter.join(); // nothing pending is left to wait on: the waiter grows an overflow region
+    VEO_CHECK(got != nullptr && got != a);
+    VEO_CHECK_EQ(gb->released[fence], 1);
+    VEO_CHECK_EQ(pool.stats().overflowCount, 1u);
+    pool.free(got);
+    pool.free(again);
     requireSound(pool);
 }
 

@@ -18,7 +18,7 @@ for op in veoAttention veoPatchEmbedLayerNorm; do
 done
 cuda_inc=${CUDA_HOME:-/usr/local/cuda}/include
 for f in veoAttention/veoAttentionPlugin.cpp veoPatchEmbedLayerNorm/veoPatchEmbedLayerNormPlugin.cpp \
-         common/pluginUtils.cpp common/pluginRegistration.cpp mempool/gpuAsyncAllocator.cpp; do
+         common/pluginUtils.cpp common/pluginRegistration.cpp; do
   g++ -std=c++17 -fsyntax-only -Wall -Wno-deprecated-declarations -Wno-unused-parameter \
     $(printf -- '-I%s ' "$@") -I"$cuda_inc" -I"$here/common" -I"$here/veoAttention" \
     -I"$here/veoPatchEmbedLayerNorm" -I"$here/mempool" -I"$gen" "$here/$f"

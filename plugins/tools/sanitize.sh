@@ -20,4 +20,4 @@ run() { # sanitizer, build targets, ctest filter
 }
 run address,undefined "testMemPool testPluginConfig testAttentionTile" "."
 # TSan only adds something where threads are: the pool's threaded tests.
-run thread testMemPool "testMemPool\.(thread_safety|stream_ordered)"
+run thread testMemPool "testMemPool\.(thread_safety|stream_ordered|waits_on|a_waited|cuda_special)"

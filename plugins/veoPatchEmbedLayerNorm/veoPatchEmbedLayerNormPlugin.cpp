@@ -38,7 +38,9 @@ IPluginCapability* VeoPatchEmbedLayerNormPlugin::getCapabilityInterface(PluginCa
 
 IPluginV3* VeoPatchEmbedLayerNormPlugin::clone() noexcept
 {
-    return guarded<IPluginV3*>("clone", nullptr, [&] { return new VeoPatchEmbedLayerNormPlugin(mConfig); });
+    // A copy of the whole state: IPluginV3OneCore::clone must hand over a configured plugin configured, and
+    // the kernel parameters of the last onShapeChange are part of that (enqueue refuses to run without them).
+    return guarded<IPluginV3*>("clone", nullptr, [&] { return new VeoPatchEmbedLayerNormPlugin(*this); });
 }
 
 char const* VeoPatchEmbedLayerNormPlugin::getPluginName() const noexcept

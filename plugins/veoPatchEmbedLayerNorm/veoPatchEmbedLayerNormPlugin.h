@@ -16,6 +16,8 @@ class VeoPatchEmbedLayerNormPlugin : public nvinfer1::IPluginV3,
 {
 public:
     explicit VeoPatchEmbedLayerNormPlugin(PatchEmbedConfig const& config);
+    VeoPatchEmbedLayerNormPlugin(VeoPatchEmbedLayerNormPlugin const&) = default; //!< clone(): every member
+    VeoPatchEmbedLayerNormPlugin& operator=(VeoPatchEmbedLayerNormPlugin const&) = delete;
     ~VeoPatchEmbedLayerNormPlugin() override = default;
 
     nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;

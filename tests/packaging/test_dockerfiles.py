@@ -27,6 +27,8 @@ LABELS = (
     "io.veo-edge.cuda.version",
     "io.veo-edge.tensorrt.version",
     "io.veo-edge.jetpack.version",
+    "io.veo-edge.plugins",
+    "io.veo-edge.serving",
 )
 
 

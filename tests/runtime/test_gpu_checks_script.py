@@ -29,10 +29,37 @@ def test_every_section_is_planned_with_a_reason_when_it_cannot_run(cpu_only):
     r = _run("--list")
     assert r.returncode == 0, r.stderr
     lines = dict(line.split(None, 1) for line in r.stdout.splitlines())
-    assert set(lines) == {"kernels", "sanitizer", "pool", "tensorrt"}
+    assert set(lines) == {"kernels", "sanitizer", "pool", "tensorrt"}  # nothing runs: nothing to build
     assert all(v.startswith("skipped: ") for v in lines.values())
     r = _run("--sections", "kernels")  # asked for, cannot run: exit 2, not a silent pass
     assert r.returncode == 2 and "== kernels: SKIPPED" in r.stdout
+
+
+def test_one_build_is_planned_for_whatever_runs_without_its_library():
+    r = _run("--list", "--sections", "pool", "--pool-backend", "host")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].split() == ["build", "runs:", "build/plugins-gpu", "(cmake,", "ctest)"]
+
+
+def test_the_build_is_what_the_runtime_loads(monkeypatch, pool_lib, tmp_path):
+    """After export, the runtime's own lookups (pool and plugin library, also in a `veo-edge` the script
+    starts) find the script's build, not another build/plugins; a plugin library it did not build is no
+    longer named."""
+    monkeypatch.syspath_prepend(str(GPU_DIR))
+    checks_build = importlib.import_module("checks_build")
+    from veo_edge.engine import plugin_library
+    from veo_edge.runtime import mempool
+
+    plugins = tmp_path / "libveo_edge_plugins.so"
+    plugins.write_bytes(b"\x7fELF stand-in")
+    built = checks_build.Built(tmp_path, pool_lib, None, plugins, None, True, "100% tests passed")
+    monkeypatch.setenv("VEO_EDGE_PLUGIN_LIB", "/elsewhere/libveo_edge_plugins.so")
+    monkeypatch.setenv("VEO_EDGE_MEMPOOL_LIB", "/elsewhere/libveo_mempool.so")
+    checks_build.export(built)
+    assert mempool.find_library(search_dirs=[]) == pool_lib
+    assert plugin_library.find_plugin_library(search_dirs=[]).path == plugins
+    checks_build.export(checks_build.Built(tmp_path, pool_lib, None, None, "TensorRT NOT found", True, ""))
+    assert plugin_library.find_plugin_library(search_dirs=[]) is None
 
 
 def test_unknown_sections_are_refused():
@@ -46,6 +73,7 @@ def test_the_pool_storm_runs_on_the_host_backend(pool_lib):
     assert (
         "pool storm (host, 2 streams, 4000 ops): corrupted 0" in r.stdout and "invariants ok PASS" in r.stdout
     )
+    assert "== build" not in r.stdout  # the library was given: nothing to build
 
 
 def test_the_storm_catches_a_pool_that_hands_out_live_memory(gpu_modules):

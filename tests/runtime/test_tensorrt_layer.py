@@ -161,9 +161,24 @@ class _AllocatorBase:  # tensorrt.IGpuAsyncAllocator: the subclass must call its
         self.base_initialised = True
 
 
+class _Engine:
+    """An ICudaEngine stand-in: its weights come from the runtime's allocator at deserialisation and go back
+    to it when the engine is destroyed, as TensorRT's do."""
+
+    def __init__(self, allocator, nbytes, spec, log):
+        self.allocator, self.log = allocator, log
+        self.weights = allocator.allocate_async(nbytes, 256, 0, 0)
+        self.__dict__.update(spec)
+
+    def __del__(self):
+        ok = self.allocator.deallocate_async(self.weights, 0)
+        self.log.append("engine freed" if ok else "engine free FAILED")
+
+
 class _Runtime:
     def __init__(self, engine, log):
         self.engine, self.log, self._allocator = engine, log, None
+        self.kept = []  # engines something else still references (set by a test)
 
     @property
     def gpu_allocator(self):
@@ -178,8 +193,13 @@ class _Runtime:
         # the weights come through the allocator the runtime was given: it must be set by now
         self.log.append("deserialize")
         assert self._allocator is not None
-        self.weights = self._allocator.allocate_async(len(blob), 256, 0, 0)
-        return self.engine
+        engine = _Engine(self._allocator, len(blob), self.engine, self.log)
+        self.weights = engine.weights
+        if self.keep_engine:
+            self.kept.append(engine)
+        return engine
+
+    keep_engine = False
 
 
 def _activation_stand_ins(
@@ -188,7 +208,7 @@ def _activation_stand_ins(
     """tensorrt and cuda-python stand-ins for TensorRtRunner.activate: an engine with input "x" and output
     "y" (one FP32 input; ``out_dtype`` for the output), as the engine cache would hand it over."""
     log = log if log is not None else []
-    engine = SimpleNamespace(
+    engine = dict(  # the engine's methods; each deserialisation makes an _Engine with them
         num_io_tensors=2,
         get_tensor_name=lambda i: ["x", "y"][i],
         get_tensor_mode=lambda n: _Mode.INPUT if n == "x" else _Mode.OUTPUT,
@@ -270,14 +290,19 @@ class _Cudart:
         return (_Err.cudaSuccess,)
 
 
-def _host_pools(monkeypatch, pool_lib):
+def _host_pools(monkeypatch, pool_lib, log=None):
     from veo_edge.runtime import mempool
 
     pools = []
-    real_pool = mempool.MemPool
+
+    class HostPool(mempool.MemPool):  # the real pool on the host backend; ``log`` records its closing
+        def close(self):
+            if self._handle is not None and log is not None:
+                log.append("pool closed")
+            super().close()
 
     def host_pool(backend, capacity):
-        pools.append(real_pool("host", capacity=capacity, library=pool_lib))
+        pools.append(HostPool("host", capacity=capacity, library=pool_lib))
         return pools[-1]
 
     monkeypatch.setattr(mempool, "MemPool", host_pool)
@@ -309,6 +334,40 @@ def test_a_failed_activation_releases_its_stream_and_pool(monkeypatch, nano_buil
     assert len(pools) == 1
     with pytest.raises(mempool.MemPoolError, match="this memory pool is closed"):
         pools[0].stats()
+
+
+def test_a_failed_activation_gives_tensorrts_memory_back_before_closing_the_pool(
+    monkeypatch, nano_build, pool_lib, caplog
+):
+    """The engine was deserialised (its weights in the pool) when context creation failed: the engine is
+    destroyed, its weights freed into the still open pool, and only then the pool closed; not the pool
+    first and the engine later, when the caller drops the exception, into a closed pool."""
+    from veo_edge.builddir import BuildDir
+
+    log = []
+    pools = _host_pools(monkeypatch, pool_lib, log)
+    _activation_stand_ins(monkeypatch, context=None, cudart=_Cudart(), log=log)
+    with pytest.raises(BackendError, match="could not create an execution context"):
+        trt_backend.TensorRtRunner(BuildDir.open(nano_build)).activate()
+    assert log == ["gpu_allocator", "deserialize", "engine freed", "pool closed"]
+    assert pools[0]._handle is None
+    assert "TensorRT allocator" not in caplog.text
+
+
+def test_a_pool_tensorrt_still_uses_is_left_open(monkeypatch, nano_build, pool_lib, caplog):
+    """An engine referenced elsewhere outlives the failed activation: the pool stays open (with a warning
+    saying so) and the engine's frees, when it goes, still land in a live pool."""
+    from veo_edge.builddir import BuildDir
+
+    log = []
+    pools = _host_pools(monkeypatch, pool_lib, log)
+    runtimes = _activation_stand_ins(monkeypatch, context=None, cudart=_Cudart(), log=log)
+    monkeypatch.setattr(_Runtime, "keep_engine", True)
+    with pytest.raises(BackendError, match="could not create an execution context"):
+        trt_backend.TensorRtRunner(BuildDir.open(nano_build)).activate()
+    assert "pool closed" not in log and "left open" in caplog.text
+    runtimes[0].kept.clear()
+    assert log[-1] == "engine freed" and pools[0].stats().in_use == 0
 
 
 class _ContextStandIn:

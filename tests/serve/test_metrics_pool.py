@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from prometheus_client import CollectorRegistry, generate_latest
 
 from veo_edge.serve.metrics import HttpCounters, ServeCollector
@@ -42,3 +44,27 @@ def test_the_reservation_factor_is_its_own_gauge():
 
 def test_no_pool_no_gauge():
     assert "reservation_factor" not in _scrape(None)
+
+
+def test_why_a_backend_was_passed_over_is_on_metrics():
+    """A fallback says why on /metrics too (the runtime state's latest reason per skipped backend)."""
+
+    class Skipped(_Stats):
+        state = SimpleNamespace(
+            to_dict=lambda: {
+                "skipped": [
+                    {"backend": "tensorrt", "reason": "old reason"},
+                    {"backend": "tensorrt", "reason": "tensorrt is not installed"},
+                ]
+            }
+        )
+
+    spec = ModelSpec(name="vit-nano", inputs=(), outputs=(), max_batch=8)
+    registry = CollectorRegistry()
+    registry.register(ServeCollector(Skipped(None), spec, HttpCounters(), lambda: True))
+    text = generate_latest(registry).decode()
+    assert (
+        'veo_edge_backend_skipped{backend="tensorrt",model="vit-nano",reason="tensorrt is not installed",'
+        'version="1"} 1.0' in text
+    )
+    assert "old reason" not in text

@@ -62,6 +62,14 @@ def build(
     context_only: bool = typer.Option(False, "--context-only", help="Stop after the image's build context."),
     base_image: str = typer.Option(None, "--base-image", help="Image base (default: the target's)."),
     sign_key: Path = typer.Option(None, "--sign-key", help="Ed25519 PEM key signing the image manifest."),
+    platform: str = typer.Option(
+        None, "--platform", help="Image platform: linux/amd64 or linux/arm64 (default: the target's)."
+    ),
+    plugin_libs: bool = typer.Option(
+        True,
+        "--plugin-libs/--no-plugin-libs",
+        help="GPU targets: leave the plugin libraries out (CPU path only).",
+    ),
 ) -> None:
     """Export a ViT to ONNX, prove it matches PyTorch, and write a build directory."""
     from veo_edge.errors import UsageError
@@ -94,15 +102,18 @@ def build(
             ("--context-only", context_only),
             ("--base-image", base_image),
             ("--sign-key", sign_key),
+            ("--platform", platform),
+            ("--no-plugin-libs", not plugin_libs),
         )
         if v
     ]
     if image_flags and target is None:
         raise UsageError(f"{', '.join(image_flags)} need --target orin|a100|cpu")
     if target is not None:
+        from veo_edge.packaging.platforms import for_platform
         from veo_edge.targets import get_target
 
-        get_target(target)  # an unknown target fails before the export, not after
+        for_platform(get_target(target), platform)  # an unknown target or platform fails before the export
     shape = parse_input_shape(input_shape)
     if module is not None:
         source = ModuleSource(module, input_shape=shape, checkpoint=checkpoint)
@@ -144,6 +155,8 @@ def build(
             sign_key,
             force=force,
             quiet=quiet or json_out,
+            platform=platform,
+            plugin_libs=plugin_libs,
         )
     if json_out:
         print_json({"path": str(result.path), **result.manifest})

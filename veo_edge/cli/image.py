@@ -25,10 +25,13 @@ def package(
     out: Path | None = None,
     force: bool = False,
     quiet: bool = False,
+    platform: str | None = None,
+    plugin_libs: bool = True,
 ) -> dict:
     """Assemble the context for ``target`` next to ``build_dir`` and, unless ``context_only``, build the
     image; prints progress and a summary, returns what was made."""
     from veo_edge.errors import UsageError
+    from veo_edge.packaging import platforms
     from veo_edge.packaging.context import ContextOptions, assemble_context
     from veo_edge.targets import get_target
 
@@ -42,16 +45,23 @@ def package(
 
     if sign_key is not None and not Path(sign_key).is_file():
         raise UsageError(f"--sign-key {sign_key} is not a file; pass an Ed25519 PEM private key")
+    client = None
     if not context_only:
         from veo_edge.packaging.image import connect
 
         client = connect()  # before minutes of assembly: no engine is a one-line error now
+    # the platform's target, with the Python and glibc of its base image (read from the image when an
+    # engine holds it; the target's declared values otherwise, and the progress says which)
+    t = get_target(target)
+    platform = platform or t.platform
+    facts = platforms.base_facts(t, base_image or t.base_image, platform, client, say)
     ctx = assemble_context(
         ContextOptions(
-            build_dir=build_dir, target=get_target(target), out=out, base_image=base_image, force=force
+            build_dir=build_dir, target=platforms.for_platform(t, platform, facts), out=out,
+            base_image=base_image, force=force, plugin_libs=plugin_libs,
         ),
         progress=say,
-    )
+    )  # fmt: skip
     result = {"context": str(ctx.path), "target": target, "build_args": ctx.build_args}
     if context_only:
         if not quiet:
@@ -96,11 +106,20 @@ def build_command(
     force: bool = typer.Option(False, "--force", help="Replace an existing context directory."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
     json_out: bool = typer.Option(False, "--json", help="Print what was made as JSON."),
+    platform: str = typer.Option(
+        None, "--platform", help="linux/amd64 or linux/arm64 (default: the target's; cpu takes both)."
+    ),
+    plugin_libs: bool = typer.Option(
+        True,
+        "--plugin-libs/--no-plugin-libs",
+        help="GPU targets: leave the plugin libraries out (CPU path only).",
+    ),
 ) -> None:
     """Build the container image of an existing build directory for a target."""
     result = package(
-        build_dir, target, image, save, context_only, base_image, sign_key, out, force, quiet or json_out
-    )
+        build_dir, target, image, save, context_only, base_image, sign_key, out, force,
+        quiet or json_out, platform, plugin_libs,
+    )  # fmt: skip
     if json_out:
         print_json(result)
 

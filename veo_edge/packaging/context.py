@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from veo_edge import __version__
+from veo_edge.builddir import MANIFEST_NAME
 from veo_edge.errors import OutputExistsError, UsageError
-from veo_edge.packaging import layout, sbom, selinux, wheelhouse
+from veo_edge.packaging import layout, platforms, sbom, selinux, wheelhouse
 from veo_edge.packaging.sources import source_root
 from veo_edge.targets import Target
 
@@ -51,6 +52,9 @@ class ContextOptions:
     force: bool = False
     #: False: only veo-edge's own wheel (structure checks of contexts for a platform not at hand)
     download_wheels: bool = True
+    #: False: a GPU target's image without the plugin libraries (PLUGINS=no: a builder without CUDA or
+    #: TensorRT); it serves on the CPU only, and its labels say so
+    plugin_libs: bool = True
 
 
 @dataclass
@@ -107,7 +111,11 @@ def _model_info(build_dir: Path) -> dict[str, Any]:
 
 
 def build_args(
-    target: Target, model: dict[str, Any], base: str | None, builder: str | None
+    target: Target,
+    model: dict[str, Any],
+    base: str | None,
+    builder: str | None,
+    plugin_libs: bool = True,
 ) -> dict[str, str]:
     args = {
         "BASE_IMAGE": base or target.base_image,
@@ -125,7 +133,20 @@ def build_args(
         args["CUDA_ARCHS"] = ";".join(str(a) for a in target.cuda_archs)
         if target.dockerfile == "packaging/Dockerfile":
             args["VENV_FLAGS"] = "--system-site-packages"
+        args.update(plugin_args(plugin_libs))
     return args
+
+
+def plugin_args(plugin_libs: bool) -> dict[str, str]:
+    """The Dockerfiles' PLUGINS switch of a GPU target, with what the image then serves (a label)."""
+    if plugin_libs:
+        return {"PLUGINS": "yes", "SERVING": "tensorrt (GPU), openvino (CPU fallback)"}
+    return {
+        "PLUGINS": "no",
+        "SERVING": "openvino (CPU) only: built without the plugin libraries (PLUGINS=no)",
+        "PLUGIN_LIB": "",
+        "MEMPOOL_LIB": "",
+    }
 
 
 def labels(args: dict[str, str]) -> dict[str, str]:
@@ -139,6 +160,8 @@ def labels(args: dict[str, str]) -> dict[str, str]:
         "io.veo-edge.cuda.version": args["CUDA_VERSION"],
         "io.veo-edge.tensorrt.version": args["TENSORRT_VERSION"],
         "io.veo-edge.jetpack.version": args["JETPACK_VERSION"],
+        "io.veo-edge.plugins": args.get("PLUGINS", "no"),
+        "io.veo-edge.serving": args.get("SERVING", "openvino (CPU)"),
     }
 
 
@@ -164,9 +187,12 @@ def assemble_context(opts: ContextOptions, progress: Progress | None = None) -> 
     if not build_dir.is_dir():
         raise UsageError(f"build directory {build_dir} does not exist; run `veo-edge build` first")
     model = _model_info(build_dir)
+    note = platforms.check_servable(json.loads((build_dir / MANIFEST_NAME).read_text()), target.platform)
+    if note:
+        say(f"context: {note}")
     src = source_root()
     out = Path(opts.out) if opts.out is not None else default_out(build_dir, target)
-    args = build_args(target, model, opts.base_image, opts.builder_image)
+    args = build_args(target, model, opts.base_image, opts.builder_image, opts.plugin_libs)
     with _staged(out, opts.force) as stage:
         say(f"context: {target.dockerfile} for {target.name} ({target.platform}, base {args['BASE_IMAGE']})")
         shutil.copy2(src / target.dockerfile, stage / "Dockerfile")
@@ -187,7 +213,9 @@ def assemble_context(opts: ContextOptions, progress: Progress | None = None) -> 
             + (", ".join(target.runtime_packages) if opts.download_wheels else "no downloads")
             + f"; {target.platform}, Python {target.python})"
         )
-        lock = wheelhouse.build_wheelhouse(target, stage / "wheels", download=opts.download_wheels)
+        lock = wheelhouse.build_wheelhouse(
+            target, stage / "wheels", download=opts.download_wheels, progress=say
+        )
         shutil.copy2(lock, app / wheelhouse.LOCK_NAME)
         say("context: CycloneDX SBOM of the image's Python environment (cyclonedx-py)")
         sbom.make_sbom(lock, src / "pyproject.toml", app / sbom.SBOM_NAME)
@@ -196,7 +224,16 @@ def assemble_context(opts: ContextOptions, progress: Progress | None = None) -> 
         for p in app.rglob("*"):
             p.chmod(0o755 if p.is_dir() or p.suffix == ".sh" else 0o644)
         (stage / BUILD_ARGS).write_text(
-            json.dumps({"stage": target.stage, "platform": target.platform, "build_args": args}, indent=2)
+            json.dumps(
+                {
+                    "stage": target.stage,
+                    "platform": target.platform,
+                    "python": target.python,  # the wheelhouse's: the base image's, where it was read
+                    "glibc": target.glibc,
+                    "build_args": args,
+                },
+                indent=2,
+            )
             + "\n"
         )
         index = {"schema": "veo-edge/context-manifest/v1", "target": target.name, "model": model}

@@ -133,6 +133,7 @@ def build_image(
                 forcerm=True,
                 pull=False,
                 decode=True,
+                platform=ctx.target.platform,  # a foreign one runs the RUN steps under QEMU
             ),
             say,
             f"docker build of {ctx.path}",
@@ -167,7 +168,15 @@ def build_image(
                 f"FROM {first}\nCOPY trust {im.IMAGE_ROOT}/trust\nLABEL {label_lines}\n"
             )
             final = _stream(
-                client.api.build(path=tmp, tag=tag, rm=True, forcerm=True, pull=False, decode=True),
+                client.api.build(
+                    path=tmp,
+                    tag=tag,
+                    rm=True,
+                    forcerm=True,
+                    pull=False,
+                    decode=True,
+                    platform=ctx.target.platform,
+                ),
                 say,
                 "sealing the image (trust layer)",
             )

@@ -13,14 +13,15 @@ this machine's, i.e. the versions the tests ran with.
 
 from __future__ import annotations
 
-import subprocess
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from veo_edge.errors import PackagingError
+from veo_edge.packaging import resolve
 from veo_edge.packaging.ownwheel import build_own_wheel
 from veo_edge.targets import Target
 
@@ -42,31 +43,9 @@ def runtime_requirements(target: Target) -> list[str]:
     return reqs
 
 
-def _run(cmd: list[str], what: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
-        raise PackagingError(f"{what} failed (exit {proc.returncode}): {tail}")
-
-
-def download_runtime(target: Target, dest: Path, requirements: list[str]) -> None:
-    """The runtime packages and their dependencies as binary wheels for the target's platform."""
-    py = target.python.replace(".", "")
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--dest", str(dest)]
-    for plat in target.wheel_platforms:
-        cmd += ["--platform", plat]
-    cmd += ["--python-version", target.python, "--implementation", "cp", "--abi", f"cp{py}"]
-    if target.extra_index_url:
-        cmd += ["--extra-index-url", target.extra_index_url]
-    _run(
-        cmd + requirements,
-        f"downloading the {target.name} runtime wheels (pip download for {target.platform}, "
-        f"Python {target.python}; is the package index reachable?)",
-    )
-
-
-def write_lock(dest: Path) -> Path:
-    """``requirements.lock``: every wheel in ``dest`` as ``name==version --hash=sha256:...``."""
+def write_lock(dest: Path, notes: list[str] | None = None) -> Path:
+    """``requirements.lock``: every wheel in ``dest`` as ``name==version --hash=sha256:...``; ``notes``
+    (what was left out, and why) head it as comments, so the image says so too."""
     from veo_edge.builddir import sha256_file
 
     lines = []
@@ -83,17 +62,26 @@ def write_lock(dest: Path) -> Path:
     lock = dest / LOCK_NAME
     lock.write_text(
         "# veo-edge image wheelhouse: installed with --no-index --no-deps --require-hashes\n"
+        + "".join(f"# {note}\n" for note in notes or ())
         + "\n".join(lines)
         + "\n"
     )
     return lock
 
 
-def build_wheelhouse(target: Target, dest: Path, download: bool = True) -> Path:
+def build_wheelhouse(
+    target: Target, dest: Path, download: bool = True, progress: Callable[[str], None] | None = None
+) -> Path:
     """Fill ``dest`` with the image's wheels and return its lock file. ``download=False`` makes only
-    veo-edge's wheel (structure checks of contexts whose platform's wheels are not needed here)."""
+    veo-edge's wheel (structure checks of contexts whose platform's wheels are not needed here). The
+    runtime is resolved for the target's platform first (:mod:`veo_edge.packaging.resolve`): a package
+    with no wheel there stops the build naming it; an optional one is left out and the lock says so."""
+    say = progress or (lambda _m: None)
     dest.mkdir(parents=True, exist_ok=True)
     build_own_wheel(dest)
+    notes: list[str] = []
     if download:
-        download_runtime(target, dest, runtime_requirements(target))
-    return write_lock(dest)
+        wheels, notes = resolve.resolve_runtime(target, runtime_requirements(target), say)
+        say(f"wheelhouse: {len(wheels)} wheels for {target.platform}, Python {target.python}, downloading")
+        resolve.download(target, wheels, dest)
+    return write_lock(dest, notes)

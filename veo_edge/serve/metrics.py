@@ -164,6 +164,15 @@ class ServeCollector:
         if s.get("active_backend"):
             active.add_metric([*mv, str(s["active_backend"])], 1)
         yield active
+        skipped = GaugeMetricFamily(
+            "veo_edge_backend_skipped",
+            "1 for each backend the runtime passed over, with why (the latest reason for each)",
+            labels=[*ml, "backend", "reason"],
+        )
+        state = runtime.state.to_dict() if hasattr(runtime, "state") else {}
+        for name, why in {x["backend"]: x["reason"] for x in state.get("skipped") or []}.items():
+            skipped.add_metric([*mv, name, why[:300]], 1)
+        yield skipped
         precision = GaugeMetricFamily(
             "veo_edge_active_precision",
             "1 for the precision the active backend computes at (f32, bf16, int8, fp16)",

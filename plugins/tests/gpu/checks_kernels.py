@@ -48,27 +48,6 @@ class PatchParams(ctypes.Structure):
     ] + [("epsilon", ctypes.c_float)]
 
 
-def build(build_dir: Path) -> Path:
-    subprocess.run(
-        [
-            "cmake",
-            "-S",
-            str(REPO / "plugins"),
-            "-B",
-            str(build_dir),
-            "-DCMAKE_BUILD_TYPE=Release",
-        ],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    subprocess.run(
-        ["cmake", "--build", str(build_dir), "--target", "veo_kernels", "-j8"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    return build_dir / "libveo_kernels.so"
-
-
 def load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     vp, ci = ctypes.c_void_p, ctypes.c_int

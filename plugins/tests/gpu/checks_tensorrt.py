@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,14 @@ def run(model: str = "vit-nano", reps: int = 20) -> tuple[bool, list[str]]:
     from veo_edge.export.parity import seeded_inputs
     from veo_edge.runtime.backends.tensorrt import TensorRtRunner, default_config, select_engine
 
-    lines: list[str] = []
+    lines: list[str] = [
+        f"memory pool library: {os.environ.get('VEO_EDGE_MEMPOOL_LIB', 'the default lookup (build/plugins)')}",
+        "plugin library: "
+        + (
+            os.environ.get("VEO_EDGE_PLUGIN_LIB")
+            or "none built with these TensorRT headers: TensorRT's own engine only"
+        ),
+    ]
     ok = True
     with tempfile.TemporaryDirectory(prefix="veo-gpu-") as tmp:
         out = Path(tmp) / model

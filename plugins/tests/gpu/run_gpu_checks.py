@@ -2,12 +2,19 @@
 """The GPU checks of veo-edge in one call: kernels vs PyTorch, compute-sanitizer, the pool, TensorRT.
 
 Needs a CUDA GPU, PyTorch with CUDA, numpy, cmake and nvcc; compute-sanitizer and TensorRT where they
-are installed (their sections are skipped, with the reason, where not). From the repository root:
+are installed (their sections are skipped, with the reason, where not). From the repository root of a
+fresh checkout, one command:
 
     python plugins/tests/gpu/run_gpu_checks.py            # build build/plugins-gpu, run every section
     python plugins/tests/gpu/run_gpu_checks.py --quick    # smaller sweeps
     python plugins/tests/gpu/run_gpu_checks.py --list     # what would run here, and why not the rest
     python plugins/tests/gpu/run_gpu_checks.py --sections pool --pool-backend host   # runs on a CPU too
+
+First, one native build (``checks_build.py``): ``build/plugins-gpu`` (``--build-dir``) configured and built
+once, with the pool, the kernels and, where TensorRT's headers and library are found (``TensorRT_ROOT``),
+the plugin library; its ctest suite runs; and ``VEO_EDGE_MEMPOOL_LIB`` / ``VEO_EDGE_PLUGIN_LIB`` point at
+it, so every section (and the ``veo-edge build`` the TensorRT section starts) uses the same libraries.
+``--lib`` / ``--mempool-lib`` use given libraries instead (no build when nothing else needs one).
 
 Sections (``--sections``, default all):
 
@@ -42,6 +49,7 @@ SECTIONS = ("kernels", "sanitizer", "pool", "tensorrt")
 
 def plan(sections: list[str], pool_backend: str) -> list[tuple[str, str | None]]:
     """(section, why it cannot run here or None) for each section asked for; no GPU is touched."""
+    import importlib
     import importlib.util
     import shutil
 
@@ -53,20 +61,30 @@ def plan(sections: list[str], pool_backend: str) -> list[tuple[str, str | None]]
         torch_cuda = None if torch.cuda.is_available() else "PyTorch sees no CUDA device"
     else:
         torch_cuda = "PyTorch is not installed"
+    no_trt = None
+    try:  # imported, not only found: a wheel without its libnvinfer fails here, not mid-section
+        importlib.import_module("tensorrt")
+    except Exception as e:  # ImportError, or an OSError from a library it loads
+        no_trt = f"tensorrt does not import ({type(e).__name__}: {e})"
+    tools = (
+        None
+        if shutil.which("nvcc") and shutil.which("cmake")
+        else "nvcc and cmake are needed to build the kernels"
+    )
     why = {
-        "kernels": torch_cuda or (None if shutil.which("nvcc") or shutil.which("cmake") else "no nvcc/cmake"),
+        "kernels": torch_cuda or tools,
         "sanitizer": torch_cuda
+        or tools
         or (None if shutil.which("compute-sanitizer") else "compute-sanitizer is not on PATH"),
         "pool": None if pool_backend == "host" else torch_cuda,
-        "tensorrt": torch_cuda
-        or (None if has("tensorrt") else "the tensorrt Python package is not installed"),
+        "tensorrt": torch_cuda or no_trt,
     }
     return [(name, why[name]) for name in sections]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lib", type=Path, help="libveo_kernels.so to test (default: build build/plugins-gpu)")
+    ap.add_argument("--lib", type=Path, help="libveo_kernels.so to test (default: the one built here)")
     ap.add_argument("--quick", action="store_true", help="smaller shape sweeps")
     ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the sanitizer's sweep
     ap.add_argument(
@@ -75,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--pool-backend", choices=("cuda", "host"), default="cuda", help="where the pool storm runs"
     )
-    ap.add_argument("--mempool-lib", type=Path, help="libveo_mempool.so (default: the built one)")
+    ap.add_argument("--mempool-lib", type=Path, help="libveo_mempool.so (default: the one built here)")
+    ap.add_argument(
+        "--build-dir", type=Path, help="where the one native build goes (default: build/plugins-gpu)"
+    )
     ap.add_argument("--list", action="store_true", help="print what would run here, and why not the rest")
     args = ap.parse_args(argv)
     sections = [x.strip() for x in args.sections.split(",") if x.strip()]
@@ -83,30 +104,54 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     todo = plan(sections, args.pool_backend)
+    runs = {name for name, why in todo if why is None}
+    # the build is needed by whatever runs and was not given its library
+    need_build = bool(
+        (runs & {"kernels", "sanitizer"} and args.lib is None)
+        or ("pool" in runs and args.mempool_lib is None)
+        or "tensorrt" in runs
+    )
     if args.list:
+        if need_build:
+            print(f"{'build':<10} runs: {args.build_dir or 'build/plugins-gpu'} (cmake, ctest)")
         for name, why in todo:
             print(f"{name:<10} {'runs' if why is None else 'skipped: ' + why}")
         return 0
     t0 = time.time()
     ok, skipped = True, []
-    lib_path = None
+    lib_path, mempool_lib = args.lib, args.mempool_lib
+    if need_build:
+        import checks_build
+
+        try:
+            built = checks_build.build(args.build_dir or checks_build.DEFAULT_DIR)
+        except checks_build.BuildFailed as e:
+            print(f"== build: FAIL\n{e}")
+            return 1
+        print("== build\n" + "\n".join(built.lines()))
+        ok &= built.ctest_ok
+        checks_build.export(built)
+        lib_path = lib_path or built.kernels
+        mempool_lib = mempool_lib or built.mempool
     for name, why in todo:
         if why is not None:
             print(f"== {name}: SKIPPED ({why})")
             skipped.append(name)
             continue
         print(f"== {name}")
-        if name in ("kernels", "sanitizer"):
-            import checks_kernels
-
-            if lib_path is None:
-                lib_path = args.lib or checks_kernels.build(REPO / "build" / "plugins-gpu")
+        if name in ("kernels", "sanitizer") and lib_path is None:
+            print(f"{name}: FAIL (libveo_kernels.so was not built: nvcc was not found at configure time)")
+            ok = False
+            continue
         if name == "kernels":
+            import checks_kernels
             import torch
 
             print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  lib {lib_path}")
             ok &= checks_kernels.run(torch, lib_path, args.quick, args.tiny)
         elif name == "sanitizer":
+            import checks_kernels
+
             ok &= checks_kernels.run_sanitizer(Path(__file__), lib_path)
         elif name == "pool":
             import checks_pool
@@ -114,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             torch = None
             if args.pool_backend == "cuda":
                 import torch
-            passed, line = checks_pool.run(args.pool_backend, args.mempool_lib, torch)
+            passed, line = checks_pool.run(args.pool_backend, mempool_lib, torch)
             print(line, "PASS" if passed else "FAIL")
             ok &= passed
         elif name == "tensorrt":

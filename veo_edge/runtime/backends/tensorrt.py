@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -216,7 +217,6 @@ class TensorRtRunner(Runner):
         cudart = _cudart()
         _cuda_check(cudart.cudaSetDevice(self.gpu), f"selecting GPU {self.gpu}")  # before anything else
         blob = self._engine(cudart)
-        trt = blob.trt
         sample = tuple(self.build.manifest["input_shape"])
         out_shape = tuple(self.build.manifest["outputs"][0]["shape"][1:])
         act = blob.device_memory_size
@@ -228,41 +228,12 @@ class TensorRtRunner(Runner):
             raise CudaOutOfMemoryError(f"CUDA out of memory reserving the TensorRT memory pool: {e}") from e
         st: dict[str, Any] = dict(cudart=cudart, pool=pool, host=[])
         try:
-            st["stream"] = _cuda_check(cudart.cudaStreamCreate(), "stream creation")
-            calls = PoolAllocatorCalls(pool)
-            st["allocator"] = make_gpu_allocator(trt, calls)
-            runtime = st["runtime"] = trt.Runtime(blob.logger)
-            runtime.gpu_allocator = st["allocator"]  # engine weights and TensorRT's scratch: from the pool
-            engine = st["engine"] = runtime.deserialize_cuda_engine(blob.blob)
-            if engine is None:
-                raise BackendError(
-                    f"TensorRT could not deserialise {blob.entry.engine}; rebuild it with --force"
-                )
-            names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-            inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-            outputs = [n for n in names if n not in inputs]
-            dtypes = {n: engine.get_tensor_dtype(n) for n in names}
-            if len(inputs) != 1 or len(outputs) != 1 or any(d != trt.DataType.FLOAT for d in dtypes.values()):
-                raise BackendError(
-                    f"the engine's I/O is {dtypes}; veo-edge runs one FP32 input and one FP32 output (rebuild the engine)"
-                )
-            context = st["context"] = engine.create_execution_context(
-                trt.ExecutionContextAllocationStrategy.USER_MANAGED
-            )
-            if context is None:
-                raise BackendError("TensorRT could not create an execution context; see its log (--debug)")
-            stream = int(st["stream"])
-            st["act_ptr"] = pool.alloc(max(act, 1), stream)
-            set_device_memory(trt, context, st["act_ptr"], act)
-            n_in, n_out = self.max_batch * math.prod(sample), self.max_batch * math.prod(out_shape)
-            st["d_in"], st["d_out"] = pool.alloc(n_in * 4, stream), pool.alloc(n_out * 4, stream)
-            if not (
-                context.set_tensor_address(inputs[0], st["d_in"])
-                and context.set_tensor_address(outputs[0], st["d_out"])
-            ):
-                raise BackendError("TensorRT rejected the I/O buffer addresses; see its log (--debug)")
-            st["h_in"], st["h_out"] = _pinned(cudart, n_in, st["host"]), _pinned(cudart, n_out, st["host"])
+            self._open(st, blob, act, sample, out_shape)
         except Exception as e:
+            # The frames of the traceback hold what _open had made (engine, context) until the caller is
+            # done with the exception; cleared here, TensorRT gives its memory back to the pool before
+            # _release closes it, not afterwards into a closed pool.
+            traceback.clear_frames(e.__traceback__)
             self._release(st)  # a partial activation leaks nothing (a retry loop would)
             if isinstance(e, MemPoolOutOfMemoryError):
                 raise CudaOutOfMemoryError(f"CUDA out of memory allocating TensorRT buffers: {e}") from e
@@ -270,19 +241,61 @@ class TensorRtRunner(Runner):
                 raise BackendError(f"the TensorRT memory pool failed: {e}") from e
             raise
         self.origin, self.variant = blob.origin, blob.variant
+        st.update(trt=blob.trt, out_shape=out_shape, capacity=capacity, act=act, io=io)
+        self._state = st
+
+    def _open(self, st: dict[str, Any], blob: EngineBlob, act: int, sample: tuple, out_shape: tuple) -> None:
+        """Runtime, engine, context and buffers, each kept in ``st`` (so that :meth:`_release` finds what
+        was made when a later step fails) and nowhere else."""
+        trt, cudart, pool = blob.trt, st["cudart"], st["pool"]
+        st["stream"] = _cuda_check(cudart.cudaStreamCreate(), "stream creation")
+        st["calls"] = PoolAllocatorCalls(pool)
+        st["allocator"] = make_gpu_allocator(trt, st["calls"])
+        st["runtime"] = trt.Runtime(blob.logger)
+        st["runtime"].gpu_allocator = st["allocator"]  # engine weights and TensorRT's scratch: from the pool
+        engine = st["engine"] = st["runtime"].deserialize_cuda_engine(blob.blob)
+        if engine is None:
+            raise BackendError(f"TensorRT could not deserialise {blob.entry.engine}; rebuild it with --force")
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        outputs = [n for n in names if n not in inputs]
+        dtypes = {n: engine.get_tensor_dtype(n) for n in names}
+        if len(inputs) != 1 or len(outputs) != 1 or any(d != trt.DataType.FLOAT for d in dtypes.values()):
+            raise BackendError(
+                f"the engine's I/O is {dtypes}; veo-edge runs one FP32 input and one FP32 output (rebuild the engine)"
+            )
+        context = st["context"] = engine.create_execution_context(
+            trt.ExecutionContextAllocationStrategy.USER_MANAGED
+        )
+        if context is None:
+            raise BackendError("TensorRT could not create an execution context; see its log (--debug)")
+        stream = int(st["stream"])
+        st["act_ptr"] = pool.alloc(max(act, 1), stream)
+        set_device_memory(trt, context, st["act_ptr"], act)
+        n_in, n_out = self.max_batch * math.prod(sample), self.max_batch * math.prod(out_shape)
+        st["d_in"], st["d_out"] = pool.alloc(n_in * 4, stream), pool.alloc(n_out * 4, stream)
+        if not (
+            context.set_tensor_address(inputs[0], st["d_in"])
+            and context.set_tensor_address(outputs[0], st["d_out"])
+        ):
+            raise BackendError("TensorRT rejected the I/O buffer addresses; see its log (--debug)")
+        st["h_in"], st["h_out"] = _pinned(cudart, n_in, st["host"]), _pinned(cudart, n_out, st["host"])
         self._inputs = [TensorMeta(inputs[0], (None, *sample), "float32")]
         self._outputs = [TensorMeta(outputs[0], (None, *out_shape), "float32")]
-        st.update(trt=trt, out_shape=out_shape, calls=calls, capacity=capacity, act=act, io=io)
-        self._state = st
 
     @staticmethod
     def _release(st: dict[str, Any]) -> None:
-        """Tear down in dependency order: context, engine, runtime (their frees go to the pool through the
-        allocator), the stream, pinned buffers, and the pool last."""
-        cudart = st["cudart"]
+        """Tear down in dependency order: the stream drained, our own slices back, context, engine,
+        runtime (their frees go to the pool through the allocator), the stream, pinned buffers, and the
+        pool last, only once nothing holds a slice of it: should a TensorRT object still be referenced
+        elsewhere, the pool stays open (it is the allocator's too) and is freed with the last of them."""
+        cudart, pool = st["cudart"], st["pool"]
         try:
             if st.get("stream") is not None:
                 cudart.cudaStreamSynchronize(st["stream"])
+            for name in ("act_ptr", "d_in", "d_out"):  # the stream is drained: reusable at once
+                if st.get(name):
+                    pool.free(st.pop(name))
             for name in ("context", "engine", "runtime", "allocator"):
                 st[name] = None
             if st.get("stream") is not None:
@@ -290,7 +303,15 @@ class TensorRtRunner(Runner):
             for ptr in st.get("host", []):
                 cudart.cudaFreeHost(ptr)
         finally:
-            st["pool"].close()
+            held = pool.stats().in_use
+            if held == 0:
+                pool.close()
+            else:
+                log.warning(
+                    "TensorRT still holds %d bytes of its memory pool (an engine or context is referenced "
+                    "elsewhere): the pool is left open and freed with the last of them",
+                    held,
+                )
 
     def _deactivate(self) -> None:
         s, self._state = self._state, {}
