@@ -30,12 +30,22 @@ def test_the_real_image_deploys_answers_and_survives_a_bad_release(
         inspect = json.loads(device_engine.docker("inspect", name).stdout)[0]
         assert inspect["State"]["Health"]["Status"] == "healthy"
         assert inspect["HostConfig"]["ReadonlyRootfs"] and inspect["Config"]["User"] == "10001:10001"
-        assert any(e.startswith("VEO_EDGE_TRUSTED_KEY=sha256:") for e in inspect["Config"]["Env"])
+        assert inspect["HostConfig"]["CapDrop"] == ["ALL"] and inspect["HostConfig"]["PidsLimit"] == 1024
+        assert inspect["HostConfig"]["SecurityOpt"] == ["no-new-privileges:true"]
+        assert f"VEO_EDGE_TRUSTED_KEY={report['signed_by']}" in inspect["Config"]["Env"]
+        # bound to the verified ID: the container runs it, and the signature image came along
+        assert inspect["Image"] == report["image_id"] == cpu_image.built.id and report["verified"]
+        assert report["transfer"]["signature"] == cpu_image.built.signature_tag
+        assert (
+            device_engine.docker("image", "inspect", cpu_image.built.signature_tag, check=False).returncode
+            == 0
+        )
         assert infer_canary(port, cpu_image.build).ok
 
         # a release that never becomes healthy: rolled back, the first one answers again
         r = veo("deploy", test_images["unhealthy"], "--to", device_engine.host, "--name", name, "--port", port,
-                "--timeout", "60", env={"DOCKER_HOST": cpu_image.engine.host}, timeout=600)  # fmt: skip
+                "--timeout", "60", "--allow-unsigned", env={"DOCKER_HOST": cpu_image.engine.host},
+                timeout=600)  # fmt: skip
         assert r.returncode == 46, r.stderr
         assert "rolled back to the previous release veo-edge/vit-nano:test-cpu" in r.stderr
         assert infer_canary(port, cpu_image.build).ok
