@@ -22,14 +22,17 @@ from tests.support.servers import fleet_lock
 
 HEALTH = "--interval=1s --timeout=3s --retries=2"
 IMAGES = {
-    # healthy one second after start; RELEASE distinguishes image ids
+    # healthy one second after start; RELEASE distinguishes image ids; PID 1 exits on SIGTERM (as the
+    # server does), so a stop does not wait out its timeout
     "good": (
         f'HEALTHCHECK {HEALTH} CMD ["python3", "-c", "import os, sys; sys.exit(not os.path.exists(\'/tmp/ok\'))"]\n'
-        "CMD [\"python3\", \"-c\", \"import time; time.sleep(1); open('/tmp/ok', 'w').write('ok'); time.sleep(10**6)\"]\n"
+        'CMD ["python3", "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); '
+        "time.sleep(1); open('/tmp/ok', 'w').write('ok'); time.sleep(10**6)\"]\n"
     ),
     "unhealthy": (
         f'HEALTHCHECK {HEALTH} CMD ["python3", "-c", "print(\'model canary mismatch: max abs 3.2 > 1e-3\'); raise SystemExit(1)"]\n'
-        'CMD ["python3", "-c", "print(\'serving a broken model\', flush=True); import time; time.sleep(10**6)"]\n'
+        'CMD ["python3", "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); '
+        "print('serving a broken model', flush=True); time.sleep(10**6)\"]\n"
     ),
     "crashing": (
         f'HEALTHCHECK {HEALTH} CMD ["true"]\n'
