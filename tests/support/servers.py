@@ -20,13 +20,28 @@ from pathlib import Path
 LOCK = "/tmp/veo-swarm.lock"
 
 
+_held = 0  # this process's depth: flock on a second descriptor of the same file would wait for itself
+
+
 @contextlib.contextmanager
 def fleet_lock() -> Iterator[None]:
-    with open(LOCK, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    """/tmp/veo-swarm.lock, held while the block runs; re-entrant within this process (the session's swarm
+    engine holds it while a test in the same run starts an sshd or a registry)."""
+    global _held
+    if _held:
+        _held += 1
         try:
             yield
         finally:
+            _held -= 1
+        return
+    with open(LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        _held = 1
+        try:
+            yield
+        finally:
+            _held = 0
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
