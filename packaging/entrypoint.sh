@@ -56,18 +56,15 @@ refuse() {
     exit 64
 }
 
-# model load/unload (serve --model-control-mode explicit) only with a bearer token read from a secret
-# mounted at run time (deploy --control-token-file: a volume or a Swarm secret; Kubernetes: a Secret),
-# never from a file baked into the image
-control_mode="${VEO_EDGE_MODEL_CONTROL_MODE:-}"
-if [ -n "$control_mode" ] && [ "$control_mode" != none ]; then
-    token="${VEO_EDGE_CONTROL_TOKEN_FILE:-}"
-    [ -n "$token" ] || refuse "VEO_EDGE_MODEL_CONTROL_MODE=$control_mode needs VEO_EDGE_CONTROL_TOKEN_FILE, a token file mounted from a secret"
+# model load/unload (serve reads VEO_EDGE_MODEL_CONTROL_MODE=explicit and VEO_EDGE_CONTROL_TOKEN_FILE
+# itself) only with a bearer token from a secret mounted at run time (deploy --control-token-file: a
+# volume or a Swarm secret; Kubernetes: a Secret), never from a file baked into the image
+token="${VEO_EDGE_CONTROL_TOKEN_FILE:-}"
+if [ -n "$token" ]; then
     case "$(readlink -f "$token")" in
         "$root"/*) refuse "the control token $token is a file of the image; mount it from a secret" ;;
     esac
     [ -r "$token" ] || refuse "cannot read the control token $token"
-    set -- --model-control-mode "$control_mode" "$@"
 fi
 
 gpu_visible() {
