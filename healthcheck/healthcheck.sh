@@ -6,22 +6,36 @@
 #     CMD ["/opt/veo-edge/healthcheck/healthcheck.sh"]
 #
 # It reads its settings at run time from the container's environment:
-#   VEO_EDGE_HEALTH_URL      server to check        (default http://127.0.0.1:$VEO_EDGE_PORT, port 8000)
+#   VEO_EDGE_HEALTH_URL      server to check        (default http://127.0.0.1:$VEO_EDGE_PORT, port 8000;
+#                            with VEO_EDGE_REPLICA_SLOT=N, the port + N - 1, as the entrypoint listens)
 #   VEO_EDGE_HEALTH_TIMEOUT  seconds for the check  (default 10; keep it below HEALTHCHECK --timeout)
 #   VEO_EDGE_BUILD_DIR       golden canary source   (default: the server's own, via /v2/models/NAME/canary)
 #   VEO_EDGE_MODEL_NAME      model to check         (default: the one the server serves)
 #
 # Docker knows only 0 (healthy) and 1 (unhealthy); 2 is reserved. veo-edge's distinct codes
 # (20 down, 21 not ready, 22 canary mismatch, 23 timeout, 30 build modified) are printed, and the exit status is 1.
+#
+# In a veo-edge image it runs the image's Python isolated (-I: nothing from the cache volume, the
+# environment's PYTHON* variables or a user site-packages is imported); elsewhere, `veo-edge` on PATH.
 set -u
 
-url="${VEO_EDGE_HEALTH_URL:-http://127.0.0.1:${VEO_EDGE_PORT:-8000}}"
+slot="${VEO_EDGE_REPLICA_SLOT:-1}"
+case "$slot" in '' | *[!0-9]* | 0) slot=1 ;; esac
+url="${VEO_EDGE_HEALTH_URL:-http://127.0.0.1:$((${VEO_EDGE_PORT:-8000} + slot - 1))}"
 timeout="${VEO_EDGE_HEALTH_TIMEOUT:-10}"
 
+veo() {
+    if [ -x /opt/veo-edge/venv/bin/python ]; then
+        /opt/veo-edge/venv/bin/python -I -B -m veo_edge "$@"
+    else
+        veo-edge "$@"
+    fi
+}
+
 if [ -n "${VEO_EDGE_MODEL_NAME:-}" ]; then
-    out=$(veo-edge healthcheck --url "$url" --timeout "$timeout" --model-name "$VEO_EDGE_MODEL_NAME" 2>&1)
+    out=$(veo healthcheck --url "$url" --timeout "$timeout" --model-name "$VEO_EDGE_MODEL_NAME" 2>&1)
 else
-    out=$(veo-edge healthcheck --url "$url" --timeout "$timeout" 2>&1)
+    out=$(veo healthcheck --url "$url" --timeout "$timeout" 2>&1)
 fi
 code=$?
 if [ "$code" -eq 0 ]; then

@@ -181,3 +181,9 @@ class ImageTrustError(VeoEdgeError):
     """An image's baked files do not match its manifest, or the manifest's signature does not verify."""
 
     exit_code = 43
+
+
+class DeployInterruptedError(DeployError):
+    """A deploy or rollback was interrupted (Ctrl-C, SIGTERM, SIGHUP) and the previous release restored."""
+
+    exit_code = 130

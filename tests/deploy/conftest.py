@@ -18,17 +18,21 @@ import pytest
 
 from tests.support.dockerd import BASE_IMAGE, DockerEngine, EngineUnavailable
 from tests.support.net import free_port
+from tests.support.servers import fleet_lock
 
 HEALTH = "--interval=1s --timeout=3s --retries=2"
 IMAGES = {
-    # healthy one second after start; RELEASE distinguishes image ids
+    # healthy one second after start; RELEASE distinguishes image ids; PID 1 exits on SIGTERM (as the
+    # server does), so a stop does not wait out its timeout
     "good": (
         f'HEALTHCHECK {HEALTH} CMD ["python3", "-c", "import os, sys; sys.exit(not os.path.exists(\'/tmp/ok\'))"]\n'
-        "CMD [\"python3\", \"-c\", \"import time; time.sleep(1); open('/tmp/ok', 'w').write('ok'); time.sleep(10**6)\"]\n"
+        'CMD ["python3", "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); '
+        "time.sleep(1); open('/tmp/ok', 'w').write('ok'); time.sleep(10**6)\"]\n"
     ),
     "unhealthy": (
         f'HEALTHCHECK {HEALTH} CMD ["python3", "-c", "print(\'model canary mismatch: max abs 3.2 > 1e-3\'); raise SystemExit(1)"]\n'
-        'CMD ["python3", "-c", "print(\'serving a broken model\', flush=True); import time; time.sleep(10**6)"]\n'
+        'CMD ["python3", "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); '
+        "print('serving a broken model', flush=True); time.sleep(10**6)\"]\n"
     ),
     "crashing": (
         f'HEALTHCHECK {HEALTH} CMD ["true"]\n'
@@ -47,6 +51,43 @@ def build_image(engine: DockerEngine, kind: str, tag: str, release: str = "1") -
         )
         r = engine.docker("build", "-q", "-t", tag, str(ctx), check=False)
         assert r.returncode == 0, f"docker build of the {kind} test image failed: {r.stderr}"
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)
+    return tag
+
+
+#: a ~2 MB image made of the base image's shell, sleep and C library (no Python): healthy one second after
+#: start, for tests whose point is moving an image that the target does not have yet (over ssh, through a
+#: registry) without moving the 170 MB base each time
+TINY = f"""FROM scratch
+COPY --from={BASE_IMAGE} /lib/x86_64-linux-gnu/libc.so.6 /lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 /lib/x86_64-linux-gnu/
+COPY --from={BASE_IMAGE} /lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 /lib64/
+COPY --from={BASE_IMAGE} /bin/dash /bin/sh
+COPY --from={BASE_IMAGE} /bin/sleep /bin/sleep
+ADD tmp.tar /
+HEALTHCHECK {HEALTH} CMD ["/bin/sh", "-c", "test -f /tmp/ok"]
+CMD ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 1; : > /tmp/ok; while :; do sleep 1; done"]
+"""
+
+
+def build_tiny_image(engine: DockerEngine, tag: str, release: str, healthy: bool = True) -> str:
+    """The tiny image; ``healthy=False``: its main process never reports ready, so it turns unhealthy."""
+    ctx = Path(tempfile.mkdtemp(prefix="veo-img-"))
+    body = TINY if healthy else TINY.replace("sleep 1; : > /tmp/ok; ", "")
+    try:
+        # /tmp as in any distribution (1777): without it in the image, Docker 20.10 mounts the tmpfs of a
+        # restarted container unwritable for a non-root user
+        import tarfile
+
+        with tarfile.open(ctx / "tmp.tar", "w") as tar:
+            info = tarfile.TarInfo("tmp")
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777
+            tar.addfile(info)
+        (ctx / "Dockerfile").write_text(
+            body + f"LABEL io.veo-edge.target=cpu io.veo-edge.release={release}\nUSER 10001\n"
+        )
+        r = engine.docker("build", "-q", "-t", tag, str(ctx), check=False)
+        assert r.returncode == 0, f"docker build of the tiny test image failed: {r.stderr}"
     finally:
         shutil.rmtree(ctx, ignore_errors=True)
     return tag
@@ -85,7 +126,13 @@ def device_engine(docker_engine):
 
 @pytest.fixture(scope="session")
 def swarm_engine(docker_engine):
-    """A third engine, a single-node swarm manager on loopback ports of its own, node labelled cpu."""
+    """A third engine, a single-node swarm manager on loopback ports of its own, node labelled cpu; it
+    holds /tmp/veo-swarm.lock while it lives."""
+    with fleet_lock():
+        yield from _swarm_engine()
+
+
+def _swarm_engine():
     engine = _engine("veo-sw-")
     listen = free_port()
     r = engine.docker(

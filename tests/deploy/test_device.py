@@ -14,7 +14,18 @@ from tests.cli.test_cli import veo
 
 
 def deploy(build_host, device, *args, timeout=240):
-    return veo("deploy", *args, "--to", device.host, env={"DOCKER_HOST": build_host.host}, timeout=timeout)
+    """The small test images are not veo-edge builds and carry no signature: deployed with
+    --allow-unsigned (the signed path is tests/deploy/test_real_image.py and tests/packaging/)."""
+    return veo("deploy", *args, "--to", device.host, "--allow-unsigned", env={"DOCKER_HOST": build_host.host},
+               timeout=timeout)  # fmt: skip
+
+
+LEAST = (
+    ("HostConfig", "CapDrop"),
+    ("HostConfig", "SecurityOpt"),
+    ("Config", "User"),
+    ("HostConfig", "PidsLimit"),
+)
 
 
 def state(device, name: str) -> dict | None:
@@ -31,6 +42,8 @@ def state(device, name: str) -> dict | None:
         "network": c["HostConfig"]["NetworkMode"],
         "env": c["Config"]["Env"],
         "mounts": [m["Destination"] for m in c["Mounts"]],
+        "image_id": c["Image"],
+        "least": tuple(c[k1][k2] for k1, k2 in LEAST),
     }
 
 
@@ -48,7 +61,8 @@ def test_deploy_transfers_runs_healthy_then_rolls_back_a_bad_release(
     name = release_name
     assert device_engine.docker("image", "inspect", test_images["v1"], check=False).returncode != 0
 
-    r = deploy(docker_engine, device_engine, test_images["v1"], "--name", name, "--port", "18123", "--json")
+    r = deploy(docker_engine, device_engine, test_images["v1"], "--name", name, "--port", "18123", "--json",
+               "--pids-limit", "1024")  # fmt: skip
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["transfer"]["method"] == "stream" and report["transfer"]["bytes"] > 10 << 20
@@ -57,6 +71,13 @@ def test_deploy_transfers_runs_healthy_then_rolls_back_a_bad_release(
     assert s["image"] == test_images["v1"] and s["status"] == "running" and s["health"] == "healthy"
     assert s["read_only"] and s["restart"] == "unless-stopped" and s["network"] == "host"
     assert "VEO_EDGE_PORT=18123" in s["env"] and "/cache" in s["mounts"]
+    assert s["least"] == (["ALL"], ["no-new-privileges:true"], "10001:10001", 1024)
+    assert (
+        s["image_id"]
+        == docker_engine.docker("image", "inspect", "-f", "{{.Id}}", test_images["v1"]).stdout.strip()
+    )
+    assert "VEO_EDGE_ALLOW_UNSIGNED=1" in s["env"]  # said loudly on the way, and to the container
+    assert "WARNING: deploying an UNVERIFIED image (--allow-unsigned)" in r.stderr
 
     # the same image again: the device has that image id, so nothing is transferred
     r = deploy(docker_engine, device_engine, test_images["v1"], "--name", name, "--json")
@@ -146,3 +167,26 @@ def test_status_of_an_unknown_release_and_a_missing_image(docker_engine, device_
     assert r.returncode == 44 and "is on neither the local engine nor the target" in r.stderr
     r = veo("deploy", "rollback", "no-such-release", "--to", device_engine.host)
     assert r.returncode == 44 and "no previous release of no-such-release" in r.stderr
+
+
+def test_the_control_token_comes_from_its_own_volume_never_the_image(
+    docker_engine, device_engine, test_images, release_name, tmp_path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-0123456789\n")
+    r = deploy(docker_engine, device_engine, test_images["v1"], "--name", release_name,
+               "--control-token-file", token)  # fmt: skip
+    try:
+        assert r.returncode == 0, r.stderr
+        s = state(device_engine, release_name)
+        assert "VEO_EDGE_MODEL_CONTROL_MODE=explicit" in s["env"]
+        assert "VEO_EDGE_CONTROL_TOKEN_FILE=/run/secrets/veo-edge/control-token" in s["env"]
+        read = device_engine.docker("exec", release_name, "sh", "-c",
+                                    "stat -c '%u %a' /run/secrets/veo-edge/control-token; "
+                                    "cat /run/secrets/veo-edge/control-token")  # fmt: skip
+        assert read.stdout.splitlines() == ["10001 400", "s3cret-token-0123456789"]
+        mount = json.loads(device_engine.docker("inspect", release_name).stdout)[0]["Mounts"]
+        assert any(m["Name"] == f"veo-edge-control-{release_name}" and not m["RW"] for m in mount)
+    finally:
+        device_engine.docker("rm", "-f", release_name, check=False)
+        device_engine.docker("volume", "rm", "-f", f"veo-edge-control-{release_name}", check=False)

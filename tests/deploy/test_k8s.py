@@ -20,7 +20,8 @@ def test_rendered_manifests_validate_against_the_official_schemas(target, replic
     import kubernetes_validate
 
     docs = render(Workload("vit-tiny", f"registry.local/vit-tiny:{target}", target, replicas=replicas,
-                           memory="2g", cpus=1.5, selinux_type="veo_edge_t"))  # fmt: skip
+                           memory="2g", cpus=1.5, selinux_type="veo_edge_t", trusted_key="sha256:" + "0" * 64,
+                           control_token_secret="vit-tiny-control"))  # fmt: skip
     assert len(docs) == 3
     for doc in docs.values():
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)  # raises on any schema violation
@@ -65,7 +66,7 @@ def test_probes_security_and_gpu_wiring(target) -> None:
 def test_cli_renders_one_workload_per_device_class_with_a_kustomization(tmp_path) -> None:
     out = tmp_path / "k8s"
     r = veo("deploy", "reg/vit:orin", "--k8s", out, "--target", "orin", "--replicas", "3", "--json",
-            env={"DOCKER_HOST": "unix:///nonexistent.sock"})  # fmt: skip
+            "--allow-unsigned", env={"DOCKER_HOST": "unix:///nonexistent.sock"})  # fmt: skip
     assert r.returncode == 0, r.stderr
     files = json.loads(r.stdout)["files"]
     kust = yaml.safe_load((out / "kustomization.yaml").read_text())
@@ -84,7 +85,14 @@ def test_cli_renders_one_workload_per_device_class_with_a_kustomization(tmp_path
     )
     assert r.returncode == 41 and "no local Docker engine answers" in r.stderr
     assert not (tmp_path / "k2").exists()
-    r = veo("deploy", "reg/vit:x", "--k8s", tmp_path / "k3", "--target", "tpu")
+    # an image that cannot be verified is rendered only with --allow-unsigned (and says so in the pod)
+    env = yaml.safe_load((out / "vit-orin-deployment.yaml").read_text())["spec"]["template"]["spec"]
+    assert {"name": "VEO_EDGE_ALLOW_UNSIGNED", "value": "1"} in env["containers"][0]["env"]
+    r = veo("deploy", "reg/vit:orin", "--k8s", tmp_path / "k4", "--target", "orin",
+            env={"DOCKER_HOST": "unix:///nonexistent.sock"})  # fmt: skip
+    assert r.returncode == 43 and "cannot be verified" in r.stderr and "--allow-unsigned" in r.stderr
+    assert not (tmp_path / "k4").exists()
+    r = veo("deploy", "reg/vit:x", "--k8s", tmp_path / "k3", "--target", "tpu", "--allow-unsigned")
     assert r.returncode == 2 and "unknown target 'tpu'" in r.stderr
 
 
@@ -94,3 +102,19 @@ def test_memory_sizes() -> None:
     )
     with pytest.raises(Exception, match="is not a size"):
         memory_bytes("lots")
+
+
+def test_the_pod_pins_the_signer_and_reads_the_control_token_from_a_secret() -> None:
+    docs = render(Workload("vit", "reg/vit@sha256:" + "a" * 64, "cpu", trusted_key="sha256:" + "b" * 64,
+                           control_token_secret="vit-control"))  # fmt: skip
+    pod = _workload(docs)["spec"]["template"]["spec"]
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert env["VEO_EDGE_TRUSTED_KEY"] == "sha256:" + "b" * 64 and "VEO_EDGE_ALLOW_UNSIGNED" not in env
+    assert env["VEO_EDGE_MODEL_CONTROL_MODE"] == "explicit"
+    assert env["VEO_EDGE_CONTROL_TOKEN_FILE"] == "/run/secrets/veo-edge/control-token"
+    assert {"name": "control-token", "secret": {"secretName": "vit-control", "defaultMode": 0o400}} in pod[
+        "volumes"
+    ]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "control-token")
+    assert mount == {"name": "control-token", "mountPath": "/run/secrets/veo-edge", "readOnly": True}
+    assert "s3cret" not in json.dumps(docs)  # nothing of the token itself, only the Secret's name

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.cli.test_cli import veo
 
 
 def swarm_deploy(build_host, swarm, *args, timeout=300):
     return veo("deploy", *args, "--swarm", "--to", swarm.host, "--json",
                env={"DOCKER_HOST": build_host.host}, timeout=timeout)  # fmt: skip
+
+
+def image_id(engine, ref: str) -> str:
+    return engine.docker("image", "inspect", "-f", "{{.Id}}", ref).stdout.strip()
 
 
 def tasks(swarm, service: str) -> list[dict]:
@@ -20,7 +26,8 @@ def tasks(swarm, service: str) -> list[dict]:
 def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     docker_engine, swarm_engine, test_images
 ) -> None:
-    r = swarm_deploy(docker_engine, swarm_engine, test_images["v1"], "--name", "fleet", "--replicas", "2")
+    r = swarm_deploy(docker_engine, swarm_engine, test_images["v1"], "--name", "fleet", "--replicas", "2",
+                     "--allow-unsigned")  # fmt: skip
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["action"] == "created"
@@ -30,15 +37,34 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     assert spec["TaskTemplate"]["Placement"]["Constraints"] == ["node.labels.veo.target==cpu"]
     assert spec["UpdateConfig"]["FailureAction"] == "rollback" and spec["UpdateConfig"]["Parallelism"] == 1
     assert spec["Mode"]["Replicated"]["Replicas"] == 2
+    # bound to the image ID (no node re-resolves a tag), least privilege, one port per replica
+    c = spec["TaskTemplate"]["ContainerSpec"]
+    assert c["Image"] == image_id(docker_engine, test_images["v1"]) and report["bound_to"] == c["Image"]
+    assert c["CapabilityDrop"] == ["ALL"] and c["User"] == "10001:10001" and c["ReadOnly"]
+    assert spec["TaskTemplate"]["Resources"]["Limits"]["Pids"] == 1024
+    assert "VEO_EDGE_REPLICA_SLOT={{.Task.Slot}}" in c["Env"] and "VEO_EDGE_GRPC_PORT=8002" in c["Env"]
+
+    # a good update, then the swarm's own rollback (the Engine API's rollback=previous) back to v1
+    r = swarm_deploy(docker_engine, swarm_engine, test_images["v2"], "--name", "fleet", "--replicas", "2",
+                     "--allow-unsigned")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r = veo("deploy", "rollback", "fleet", "--swarm", "--to", swarm_engine.host, "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    back = json.loads(r.stdout)
+    assert back["update_status"]["State"] == "rollback_completed"
+    assert back["bound_to"] == image_id(docker_engine, test_images["v1"])
 
     r = swarm_deploy(
-        docker_engine, swarm_engine, test_images["unhealthy"], "--name", "fleet", "--replicas", "2"
-    )
+        docker_engine, swarm_engine, test_images["unhealthy"], "--name", "fleet", "--replicas", "2",
+        "--allow-unsigned",
+    )  # fmt: skip
     assert r.returncode == 46, r.stderr
     assert "the swarm rolled service fleet back from veo-test/app:unhealthy" in r.stderr
     inspect = json.loads(swarm_engine.docker("service", "inspect", "fleet").stdout)[0]
     assert inspect["UpdateStatus"]["State"].startswith("rollback")
-    assert inspect["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"].startswith(test_images["v1"])
+    assert inspect["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"] == image_id(
+        docker_engine, test_images["v1"]
+    )
 
     r = veo("deploy", "status", "fleet", "--swarm", "--to", swarm_engine.host, "--json")
     assert r.returncode == 0, r.stderr
@@ -48,8 +74,9 @@ def test_a_constraint_no_node_satisfies_is_pending_not_success(
     docker_engine, swarm_engine, test_images
 ) -> None:
     r = swarm_deploy(
-        docker_engine, swarm_engine, test_images["v1"], "--name", "orin-fleet", "--target", "orin"
-    )
+        docker_engine, swarm_engine, test_images["v1"], "--name", "orin-fleet", "--target", "orin",
+        "--allow-unsigned",
+    )  # fmt: skip
     assert r.returncode == 47, r.stderr
     assert "service orin-fleet is pending" in r.stderr and "veo.target=orin" in r.stderr
     assert all(t["CurrentState"].startswith("Pending") for t in tasks(swarm_engine, "orin-fleet"))
@@ -58,3 +85,96 @@ def test_a_constraint_no_node_satisfies_is_pending_not_success(
 def test_swarm_commands_on_an_engine_that_is_no_manager(device_engine) -> None:
     r = veo("deploy", "status", "fleet", "--swarm", "--to", device_engine.host)
     assert r.returncode == 44 and "not a swarm manager" in r.stderr
+
+
+def _free_run(n: int) -> int:
+    """A base port with the n ports from it free on loopback."""
+    import random
+    import socket
+
+    for base in random.sample(range(20000, 40000, 16), 200):
+        try:
+            socks = []
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no run of free ports")
+
+
+def _ready(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_three_replicas_of_the_real_image_on_one_node_and_a_bad_update_rolls_back_one_at_a_time(
+    cpu_image, swarm_engine
+) -> None:
+    """Host networking, one node: each replica on its own port (base + slot - 1, gRPC above them), so
+    they do not fight over one; an update to a signed release that cannot start is rolled back by the
+    swarm with at most one replica down at any moment; the rollback leaves the verified ID on all three."""
+    import threading
+
+    from tests.support.tamper import derive
+    from veo_edge.packaging import attest, signing
+
+    key = signing.load_private_key(cpu_image.key)
+    pin = signing.fingerprint(key.public_key())
+    base, name = _free_run(6), "vit-fleet"
+    env = {"DOCKER_HOST": cpu_image.engine.host}
+    common = ("--swarm", "--to", swarm_engine.host, "--name", name, "--replicas", "3", "--port", str(base),
+              "-e", "VEO_EDGE_HOST=127.0.0.1", "--verify-key", pin, "--json")  # fmt: skip
+    r = veo("deploy", cpu_image.built.tag, *common, "--timeout", "400", env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    ports = [base, base + 1, base + 2]
+    assert all(_ready(p) for p in ports)
+    spec = json.loads(swarm_engine.docker("service", "inspect", name).stdout)[0]["Spec"]
+    assert spec["TaskTemplate"]["ContainerSpec"]["Image"] == cpu_image.built.id
+    assert f"VEO_EDGE_GRPC_PORT={base + 3}" in spec["TaskTemplate"]["ContainerSpec"]["Env"]
+
+    # a release signed by the same key that cannot serve (an unknown backend): the swarm rolls it back
+    bad = derive(
+        cpu_image.engine,
+        cpu_image.built.tag,
+        "veo-edge/vit-nano:bad-release",
+        "ENV VEO_EDGE_BACKEND=nonesuch",
+    )
+    bad_id = cpu_image.client.images.get(bad).id
+    envelope = attest.sign_image(
+        bad_id, "veo-edge/vit-nano", (cpu_image.ctx.path / "image-manifest.json").read_bytes(), {}, key
+    )
+    attest.store_signature_image(cpu_image.client, "veo-edge/vit-nano", bad_id, envelope)
+    up: list[int] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            up.append(sum(_ready(p) for p in ports))
+            done.wait(0.3)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        r = veo("deploy", bad, *common, "--timeout", "400", env=env, timeout=600)
+    finally:
+        done.set()
+        watcher.join()
+    assert r.returncode == 46, r.stderr
+    assert "the swarm rolled service vit-fleet back from veo-edge/vit-nano:bad-release" in r.stderr
+    assert len(up) > 20 and min(up) >= 2, up  # never more than one replica down
+    assert all(_ready(p) for p in ports)
+    inspect = json.loads(swarm_engine.docker("service", "inspect", name).stdout)[0]
+    assert inspect["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"] == cpu_image.built.id
+    swarm_engine.docker("service", "rm", name, check=False)

@@ -119,7 +119,7 @@ def test_gpu_entrypoint_without_a_gpu_falls_back_to_openvino_and_says_so(cpu_ima
 
 
 def test_one_changed_byte_in_a_model_file_refuses_to_start(cpu_image, tmp_path: Path) -> None:
-    from veo_edge.packaging.image import verify_image
+    from veo_edge.packaging.imagetrust import verify_image
 
     engine = cpu_image.engine
     data = bytearray((cpu_image.build / "openvino" / "model.bin").read_bytes())
@@ -138,27 +138,42 @@ def test_one_changed_byte_in_a_model_file_refuses_to_start(cpu_image, tmp_path: 
         assert "REFUSING TO START" in r.stderr
         assert "model/openvino/model.bin has sha256" in r.stderr
         assert "veo-edge serving" not in r.stdout + r.stderr
-        with pytest.raises(ImageTrustError, match=r"model/openvino/model.bin has sha256"):
+        # a changed image has no signature of its own: refused for that first; past it (--allow-unsigned)
+        # the file check still names the changed file
+        with pytest.raises(ImageTrustError, match=r"is unsigned: no signature image"):
             verify_image(tampered, client=cpu_image.client)
+        with pytest.raises(ImageTrustError, match=r"model/openvino/model.bin has sha256"):
+            verify_image(tampered, client=cpu_image.client, allow_unsigned=True)
     finally:
         engine.docker("rmi", "-f", tampered, check=False)
 
 
 def test_verify_from_outside_pins_the_key(cpu_image, tmp_path: Path) -> None:
+    import shutil
     import subprocess
     import sys
 
-    from veo_edge.packaging import signing
-    from veo_edge.packaging.image import verify_image
+    from veo_edge.packaging import localkey, signing
+    from veo_edge.packaging.imagetrust import verify_image
 
     pub = signing.load_private_key(cpu_image.key).public_key()
     report = verify_image(TAG, trusted_key=signing.fingerprint(pub), client=cpu_image.client)
     assert report["ok"] and report["signed_by"] == signing.fingerprint(pub)
     other = signing.fingerprint(signing.load_private_key(ed25519_pem(tmp_path / "other.pem")).public_key())
     code = "from veo_edge.cli.main import main; import sys; main(sys.argv[1:])"
-    env = cpu_image.engine.env
+    env = {**cpu_image.engine.env, "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    env.pop("VEO_EDGE_TRUSTED_KEY", None)
+    none = subprocess.run(
+        [sys.executable, "-c", code, "verify", TAG], env=env, capture_output=True, text=True
+    )
+    assert none.returncode == ImageTrustError.exit_code and "no trusted key" in none.stderr, none.stderr
+    # the machine that built it (its local key signed it) pins that key without being told
+    (tmp_path / "config" / "veo-edge").mkdir(parents=True)
+    shutil.copy(cpu_image.key, tmp_path / "config" / "veo-edge" / localkey.PRIVATE_NAME)
+    (tmp_path / "config" / "veo-edge" / localkey.PUBLIC_NAME).write_bytes(signing.public_pem(pub))
     ok = subprocess.run([sys.executable, "-c", code, "verify", TAG], env=env, capture_output=True, text=True)
     assert ok.returncode == 0 and "every sha256 matches" in ok.stdout, ok.stderr
+    assert "trusted: the local key" in ok.stdout
     bad = subprocess.run([sys.executable, "-c", code, "verify", TAG, "--key", other], env=env,
                          capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == ImageTrustError.exit_code and "not by the trusted key" in bad.stderr

@@ -153,9 +153,12 @@ def test_stripped_signature_and_unsigned_image_under_a_pin(tmp_path: Path) -> No
         im.verify_root(root)
     unsigned = _root(tmp_path / "u")
     _seal(unsigned, None)
-    assert im.verify_root(unsigned)["signed_by"] is None
+    # refused by default; VEO_EDGE_ALLOW_UNSIGNED=1 (deploy --allow-unsigned) lets it start, never a pin
+    with pytest.raises(ImageTrustError, match=r"is unsigned; build it with .* VEO_EDGE_ALLOW_UNSIGNED=1"):
+        im.verify_root(unsigned)
+    assert im.verify_root(unsigned, allow_unsigned=True)["signed_by"] is None
     with pytest.raises(ImageTrustError, match="is unsigned, but key sha256:"):
-        im.verify_root(unsigned, trusted_key=info["signing_key"])
+        im.verify_root(unsigned, trusted_key=info["signing_key"], allow_unsigned=True)
 
 
 def test_no_manifest_is_refused(tmp_path: Path) -> None:
@@ -186,3 +189,107 @@ def test_sign_key_must_be_a_readable_ed25519_pem(tmp_path: Path) -> None:
         signing.load_private_key(junk)
     with pytest.raises(PackagingError, match="cannot be read"):
         signing.load_private_key(tmp_path / "absent.pem")
+
+
+def _tar_of(members) -> list[bytes]:
+    """An archive as the engine streams one: (TarInfo, bytes or None) members, in chunks."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    data = buf.getvalue()
+    return [data[i : i + 4096] for i in range(0, len(data), 4096)]
+
+
+def _member(name: str, data: bytes | None = None, link: str | None = None) -> tuple:
+    info = tarfile.TarInfo(name)
+    if link is not None:
+        info.type, info.linkname = tarfile.LNKTYPE, link
+    else:
+        info.size = len(data or b"")
+    return info, data
+
+
+def test_hard_links_in_the_archive_count_as_the_files_they_are_on_disk(tmp_path: Path) -> None:
+    """On disk a hard link is one more regular file; the engine's archive of the same tree carries it as a
+    link to a member. Both scans must see the same entries, and a link the archive cannot resolve (to a
+    member outside it) must fail the check instead of vanishing."""
+    import os
+
+    root = _root(tmp_path)
+    os.link(root / "bin" / "entrypoint.sh", root / "bin" / "entrypoint-copy.sh")
+    _seal(root, _key_file(tmp_path))
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(root, arcname="veo-edge")
+    with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as tar:
+        assert any(m.islnk() for m in tar)
+    entries, trust = im.scan_tar([buf.getvalue()], "veo-edge")
+    assert (entries, trust) == im.scan_dir(root)
+    assert entries["bin/entrypoint-copy.sh"].sha256 == entries["bin/entrypoint.sh"].sha256
+    assert im.check(entries, trust, "tar")["ok"]
+
+    # an added hard link to a file elsewhere in the image (outside the root): never silently skipped
+    chunks = _tar_of([_member("veo-edge/bin/sneaky", link="usr/bin/python3")])
+    entries, _ = im.scan_tar(chunks, "veo-edge")
+    assert entries["bin/sneaky"].sha256 is None and "hard link" in entries["bin/sneaky"].target
+    with pytest.raises(ImageTrustError, match=r"bin/sneaky is not in the manifest"):
+        im.check({**im.scan_dir(root)[0], **entries}, im.scan_dir(root)[1], "tar")
+
+
+def test_the_cache_volume_check_names_planted_code_and_engines(tmp_path: Path) -> None:
+    from veo_edge.packaging import cachecheck
+
+    manifest = {"files": {"model/model.onnx": {"sha256": "a" * 64, "bytes": 10},
+                          "lib/libveo_edge_plugins.so": {"sha256": "b" * 64, "bytes": 10}}}  # fmt: skip
+    digest = "c" * 64
+    own = cachecheck.key_dir(digest)
+    vol = tmp_path / "cache"
+    (vol / own).mkdir(parents=True)
+    (vol / "engines" / ("d" * 16)).mkdir()  # another release's engines: left alone
+    (vol / "engines" / ("d" * 16) / "old.engine").write_bytes(b"x" * 5)
+    good = {"format": 1, "key": {"model_sha256": "a" * 64, "plugin_sha256": "b" * 64}, "bytes": 4}
+    (vol / own / "vit-fp16.engine").write_bytes(b"eeee")
+    (vol / own / "vit-fp16.json").write_text(json.dumps(good))
+    (vol / own / "timing-sm87-trt10.3.cache").write_bytes(b"t")
+    assert cachecheck.problems(cachecheck.scan_dir(vol), manifest, digest) == []
+
+    (vol / ".local" / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    (vol / ".local" / "lib" / "python3.11" / "site-packages" / "evil.pth").write_text("import os\n")
+    (vol / own / "planted.engine").write_bytes(b"zz")  # no sidecar
+    (vol / own / "foreign.engine").write_bytes(b"eeee")
+    (vol / own / "foreign.json").write_text(
+        json.dumps({**good, "key": {**good["key"], "model_sha256": "f" * 64}})
+    )
+    (vol / "engines" / "loose.engine").write_bytes(b"x")
+    (vol / "notes.txt").write_text("hi")
+    found = cachecheck.problems(cachecheck.scan_dir(vol), manifest, digest)
+    text = " | ".join(found)
+    assert ".local/lib/python3.11/site-packages/evil.pth is code" in text
+    assert f"engine {own}/planted.engine has no sidecar" in text
+    assert f"engine {own}/foreign.engine was built from ONNX sha256 {'f' * 64}" in text
+    assert "engines/loose.engine lies outside any image's engine directory" in text
+    assert "notes.txt is not something veo-edge writes" in text
+    assert not any(p.startswith(".local ") or p.startswith(".local/lib ") for p in found)  # files named first
+    # the archive the engine streams of the same volume reads the same
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(vol, arcname="cache")
+    assert cachecheck.problems(cachecheck.scan_tar([buf.getvalue()], "cache"), manifest, digest) == found
+
+
+def test_the_local_signing_key_is_made_once_owner_only_and_is_the_default_pin(tmp_path, monkeypatch) -> None:
+    from veo_edge.packaging import imagetrust, localkey
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    monkeypatch.delenv("VEO_EDGE_TRUSTED_KEY", raising=False)
+    assert localkey.fingerprint() is None and imagetrust.resolve_pin(None) == (None, "none")
+    path, fp, created = localkey.ensure()
+    assert created and path == tmp_path / "cfg" / "veo-edge" / "signing-key.pem"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert signing.fingerprint(signing.load_private_key(path).public_key()) == fp == localkey.fingerprint()
+    assert localkey.ensure() == (path, fp, False)  # once
+    assert imagetrust.resolve_pin(None) == (fp, f"the local key {localkey.public_path()}")
+    monkeypatch.setenv("VEO_EDGE_TRUSTED_KEY", "sha256:" + "0" * 64)  # an explicit pin wins over it
+    assert imagetrust.resolve_pin(None)[0] == "sha256:" + "0" * 64
+    assert imagetrust.resolve_pin(fp)[0] == fp

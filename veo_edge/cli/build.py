@@ -61,7 +61,9 @@ def build(
     save: Path = typer.Option(None, "--save", help="Also write the image to this file (docker save)."),
     context_only: bool = typer.Option(False, "--context-only", help="Stop after the image's build context."),
     base_image: str = typer.Option(None, "--base-image", help="Image base (default: the target's)."),
-    sign_key: Path = typer.Option(None, "--sign-key", help="Ed25519 PEM key signing the image manifest."),
+    sign_key: Path = typer.Option(
+        None, "--sign-key", help="Ed25519 PEM key signing the image (default: the local key)."
+    ),
     platform: str = typer.Option(
         None, "--platform", help="Image platform: linux/amd64 or linux/arm64 (default: the target's)."
     ),

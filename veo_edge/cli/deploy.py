@@ -9,17 +9,24 @@ veo-edge deploy rollback NAME --to ... [--swarm]
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
 from veo_edge.cli._common import console, print_json
 
-if TYPE_CHECKING:
-    from veo_edge.deploy.k8s import Workload
-
 ACTIONS = ("status", "rollback")
+
+
+@dataclass(frozen=True)
+class Trusting:
+    """How a deploy decides an image may run (what ``--verify-key``, ``--signature`` and
+    ``--allow-unsigned`` said)."""
+
+    key: str | None
+    signature: Path | None
+    allow_unsigned: bool
 
 
 def _env(pairs: list[str] | None) -> dict[str, str]:
@@ -45,7 +52,7 @@ def deploy(
     port: int = typer.Option(8000, "--port", "-p", help="Port the server listens on (host networking)."),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for the release to be healthy."),
     registry: str = typer.Option(
-        None, "--registry", help="Push/pull through this registry instead of streaming."
+        None, "--registry", help="Push, then pull by digest, through this registry."
     ),
     tls_ca: Path = typer.Option(None, "--tls-ca", help="CA of the engine's TLS certificate (tcp://)."),
     tls_cert: Path = typer.Option(None, "--tls-cert", help="Client certificate the engine trusts (tcp://)."),
@@ -61,8 +68,17 @@ def deploy(
     env: list[str] = typer.Option(
         None, "--env", "-e", help="KEY=VALUE for the server's environment (repeatable)."
     ),
-    verify_key: Path = typer.Option(
-        None, "--verify-key", help="Verify the image's signed manifest with this public key first."
+    verify_key: str = typer.Option(
+        None,
+        "--verify-key",
+        help="The trusted signing key (PEM public key or sha256:...; default $VEO_EDGE_TRUSTED_KEY, else "
+        "the local key `veo-edge build` made here).",
+    ),
+    signature: Path = typer.Option(
+        None, "--signature", help="A detached image signature (default: the <repo>:sha256-<id>.sig image)."
+    ),
+    allow_unsigned: bool = typer.Option(
+        False, "--allow-unsigned", help="Deploy an unsigned or unverified image anyway (loudly)."
     ),
     swarm: bool = typer.Option(
         False, "--swarm", help="Deploy a Docker Swarm service instead of a container."
@@ -73,22 +89,43 @@ def deploy(
     cache_host_path: str = typer.Option(
         None, "--cache-host-path", help="Kubernetes: keep the engine cache in this node path."
     ),
+    user: str = typer.Option("10001:10001", "--user", help="UID:GID the server runs as (non-root)."),
+    cap_add: list[str] = typer.Option(
+        None, "--cap-add", help="Give back one Linux capability (all are dropped; repeatable)."
+    ),
+    allow_privilege_escalation: bool = typer.Option(
+        False, "--allow-privilege-escalation", help="Do not set no-new-privileges."
+    ),
+    pids_limit: int = typer.Option(1024, "--pids-limit", help="Most processes+threads (0: no limit)."),
+    gpus: str = typer.Option("1", "--gpus", help="GPUs on x86 GPU targets: a count, 'all', or 0,2."),
+    control_token_file: Path = typer.Option(
+        None,
+        "--control-token-file",
+        help="Turn on model load/unload, guarded by the bearer token in this file (kept in a volume or "
+        "a Swarm secret on the target, never in the image).",
+    ),
+    control_token_secret: str = typer.Option(
+        None, "--control-token-secret", help="Kubernetes: the Secret whose key control-token holds it."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Ship an image, prove it healthy, and roll back when it is not."""
+    """Verify an image by its ID, ship exactly that ID, prove it healthy, and roll back when it is not."""
+    from veo_edge.cli._deploy_ui import interrupt_on_signals
     from veo_edge.errors import UsageError
 
+    trusting = Trusting(verify_key, signature, allow_unsigned)
     if args[0] in ACTIONS:
         if len(args) != 2:
             raise UsageError(f"usage: veo-edge deploy {args[0]} NAME --to ENGINE")
-        _action(args[0], args[1], to, tls_ca, tls_cert, tls_key, swarm, timeout, json_out)
+        with interrupt_on_signals():
+            _action(args[0], args[1], _address(to, tls_ca, tls_cert, tls_key), swarm, timeout, json_out)
         return
     if replicas is not None and global_mode:
         raise UsageError("--replicas and --global exclude each other")
     if k8s is not None:
         from veo_edge.deploy import Workload
 
-        # what every image's workload shares; name and target "" = each image's own (see _k8s)
+        # what every image's workload shares; name and target "" = each image's own (see k8s_render)
         shared = Workload(
             name=name or "",
             image="",
@@ -100,8 +137,11 @@ def deploy(
             memory=memory,
             cpus=cpus,
             env=_env(env),
+            control_token_secret=control_token_secret,
         )
-        _k8s(args, k8s, shared, json_out)
+        from veo_edge.cli._deploy_k8s import k8s_render
+
+        k8s_render(args, k8s, shared, trusting, registry, json_out)
         return
     if len(args) != 1:
         raise UsageError(f"one image at a time onto an engine (got {len(args)}); several only with --k8s")
@@ -109,84 +149,42 @@ def deploy(
         raise UsageError(
             "--to is required: the target's Docker engine (unix://..., ssh://user@host, tcp://host:2376)"
         )
-    from veo_edge.deploy import (
-        ImageFacts,
-        RunOptions,
-        ServiceOptions,
-        deploy_container,
-        deploy_service,
-        local_engine,
-        transfer_image,
-    )
+    from veo_edge.deploy import RunOptions, ServiceOptions
 
-    image = args[0]
-    client = _address(to, tls_ca, tls_cert, tls_key).connect()
-    local = local_engine()
-    pinned = {}
-    if verify_key is not None:
-        from veo_edge.deploy.verify import verify_image
-
-        trust = verify_image(local, image, verify_key)
-        # the container's own entrypoint check then requires the same signer, not just the baked key
-        pinned = {"VEO_EDGE_TRUSTED_KEY": str(trust["signed_by"])}
-    out = console(stderr=True)
-    with _bar(out, f"transferring {image}", json_out) as tick:
-        moved = transfer_image(local, client, image, registry, progress=tick)
-    if moved.method == "present":
-        out.print(f"{to} already has {image} ({moved.image_id[:19]}): no transfer") if not json_out else None
-    facts = ImageFacts.read(client, image, target)
-    name = name or _default_name(facts)
+    least = {
+        "user": user,
+        "cap_add": tuple(cap_add or ()),
+        "privilege_escalation": allow_privilege_escalation,
+        "pids_limit": pids_limit,
+        "gpus": gpus,
+    }
     if swarm:
-        sopts = ServiceOptions(
+        plan = ServiceOptions(
             replicas=None if global_mode else (replicas or 1),
             port=port,
-            env={**_env(env), **pinned},
+            env=_env(env),
             memory=memory,
             cpus=cpus,
-        )
-        with _status(out, f"waiting for service {name} to be healthy", json_out) as note:
-            result = deploy_service(
-                client, facts, name, sopts, timeout, lambda s, t: note(f"{s} ({t:.0f} s)")
-            )
-        report = result.to_dict()
-    else:
-        ropts = RunOptions(
-            port=port, selinux_type=selinux_type, memory=memory, cpus=cpus, env={**_env(env), **pinned}
-        )
-        with _status(out, f"waiting for {name} to be healthy", json_out) as note:
-            result = deploy_container(
-                client, facts, name, ropts, timeout, lambda c, h, t: note(f"{c}: {h} ({t:.0f} s)")
-            )
-        report = result.to_dict()
-    report["transfer"] = moved.to_dict()
-    if json_out:
-        print_json(report)
-    elif swarm:
-        typer.echo(
-            f"deployed: service {name} {report['action']} on {to}, {len(report['tasks'])} task(s), {image} healthy"
+            **least,
         )
     else:
-        prev = (
-            f" (previous {report['previous_image']} kept stopped as {name}-previous)"
-            if report["previous_image"]
-            else ""
+        plan = RunOptions(
+            port=port, selinux_type=selinux_type, memory=memory, cpus=cpus, env=_env(env), **least
         )
-        typer.echo(
-            f"deployed: {image} healthy as {name} on {to} after {report['healthy_after_s']:.1f} s{prev}"
-        )
+    plan.check()
+    from veo_edge.cli._deploy_run import ship
 
-
-def _default_name(facts) -> str:
-    import re
-
-    base = facts.model or facts.ref.rsplit("/", 1)[-1].split(":")[0].split("@")[0]
-    return re.sub(r"[^a-zA-Z0-9_.-]", "-", base).strip("-.") or "veo-edge"
+    with interrupt_on_signals():
+        ship(args[0], _address(to, tls_ca, tls_cert, tls_key), name, target, registry, trusting, plan,
+             control_token_file, timeout, json_out)  # fmt: skip
 
 
 def _address(to, tls_ca, tls_cert, tls_key):
     from veo_edge.deploy import EngineAddress, TlsFiles
     from veo_edge.errors import UsageError
 
+    if to is None:
+        raise UsageError("--to is required: the engine that runs the release")
     given = [p for p in (tls_ca, tls_cert, tls_key) if p is not None]
     if given and len(given) != 3:
         raise UsageError("--tls-ca, --tls-cert and --tls-key go together")
@@ -194,26 +192,33 @@ def _address(to, tls_ca, tls_cert, tls_key):
     return EngineAddress(to, tls)
 
 
-def _action(action, name, to, tls_ca, tls_cert, tls_key, swarm, timeout, json_out) -> None:
+def _action(action, name, address, swarm, timeout, json_out) -> None:
+    from veo_edge.cli._deploy_ui import Status
     from veo_edge.deploy import rollback, rollback_service, service_status, status
-    from veo_edge.errors import UsageError
 
-    if to is None:
-        raise UsageError(f"--to is required: the engine that runs {name}")
-    client = _address(to, tls_ca, tls_cert, tls_key).connect()
+    client = address.connect()
     out = console(stderr=True)
     if action == "status":
-        report = service_status(client, name) if swarm else status(client, name)
+        with Status(out, f"status of {name}", json_out) as note:
+            report = (
+                service_status(client, name)
+                if swarm
+                else status(client, name, timeout, lambda c, h, t: note(f"{c}: {h} ({t:.0f} s)"))
+            )
         if json_out:
             print_json(report)
             return
+        if report.get("recovered"):
+            typer.echo(report["recovered"])
         if swarm:
             typer.echo(
-                f"service {name}: {report['image']}, update {(report['update_status'] or {}).get('State', 'none')}"
+                f"service {name}: {report['image']} ({report['bound_to']}), update "
+                f"{(report['update_status'] or {}).get('State', 'none')}"
             )
             for t in report["tasks"]:
                 typer.echo(
-                    f"  task {t['id']} {t['state']}{'/' + t['health'] if t['health'] else ''} {t['image']} {t['error'] or ''}"
+                    f"  task {t['id']} slot {t['slot']} {t['state']}{'/' + t['health'] if t['health'] else ''} "
+                    f"{t['image']} {t['error'] or ''}"
                 )
             return
         for key in ("current", "previous"):
@@ -226,110 +231,17 @@ def _action(action, name, to, tls_ca, tls_cert, tls_key, swarm, timeout, json_ou
                 typer.echo(f"{key}: none")
         return
     if swarm:
-        with _status(out, f"rolling back service {name}", json_out) as note:
+        with Status(out, f"rolling back service {name}", json_out) as note:
             report = rollback_service(client, name, timeout, lambda s, t: note(f"{s} ({t:.0f} s)"))
     else:
-        with _status(out, f"rolling back {name}", json_out) as note:
+        with Status(out, f"rolling back {name}", json_out) as note:
             report = rollback(client, name, timeout, lambda c, h, t: note(f"{c}: {h} ({t:.0f} s)")).to_dict()
     if json_out:
         print_json(report)
     else:
-        typer.echo(f"rolled back: {name} on {to}")
-
-
-def _k8s(images: list[str], out_dir: Path, shared: Workload, json_out: bool) -> None:
-    """One workload per image from ``shared``, with the image's own name, target, port variable and
-    cache directory read from its labels on the local engine (``shared.name``/``shared.target``, when
-    set, win); rendered into ``out_dir``."""
-    import dataclasses
-
-    from veo_edge.deploy import write_manifests
-    from veo_edge.deploy.profiles import ImageFacts
-    from veo_edge.errors import DeployError, EngineUnreachableError, UsageError
-
-    name, target = shared.name or None, shared.target or None
-    if name and len(images) > 1:
-        raise UsageError("--name names one workload; leave it out with several images")
-    workloads = []
-    local = None
-    for image in images:
-        facts = None
-        try:
-            from veo_edge.deploy import local_engine
-
-            local = local or local_engine(timeout=10)
-            facts = ImageFacts.read(local, image, target)
-        except (DeployError, EngineUnreachableError):
-            if target is None:
-                raise
-        except Exception as e:  # docker.errors.ImageNotFound: render from --target alone
-            if target is None:
-                raise UsageError(
-                    f"image {image} is not on the local engine ({e}); pass --target to render without it"
-                ) from e
-        tgt = facts.target if facts else target
-        base = name or (_default_name(facts) if facts else image.rsplit("/", 1)[-1].split(":")[0])
-        wname = base if name else f"{base}-{tgt}"
-        own = {"port_env": facts.port_env, "cache_dir": facts.cache_dir} if facts else {}
-        workloads.append(dataclasses.replace(shared, name=wname, image=image, target=tgt, **own))
-    written = write_manifests(workloads, out_dir)
-    if json_out:
-        print_json({"out": str(out_dir), "files": [str(p) for p in written]})
-    else:
-        typer.echo(f"wrote {len(written)} manifests to {out_dir}: kubectl apply -k {out_dir}")
-
-
-class _bar:
-    """A transfer progress bar on stderr (nothing with --json)."""
-
-    def __init__(self, out, description: str, quiet: bool) -> None:
-        self.out, self.description, self.quiet = out, description, quiet
-        self.progress = None
-        self.task = None
-
-    def __enter__(self):
-        if self.quiet:
-            return None
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            console=self.out,
-        )
-        self.progress.start()
-        self.task = self.progress.add_task(self.description, total=None)
-
-        def tick(done: int, total: int | None) -> None:
-            # the image size is an estimate of the stream's length: never show more than 100 %
-            self.progress.update(self.task, completed=done, total=max(total, done) if total else None)
-
-        return tick
-
-    def __exit__(self, *exc) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
-
-class _status:
-    """A one-line live status on stderr while waiting for health (nothing with --json)."""
-
-    def __init__(self, out, description: str, quiet: bool) -> None:
-        self.out, self.description, self.quiet = out, description, quiet
-        self.live = None
-
-    def __enter__(self):
-        if self.quiet:
-            return lambda text: None
-        self.live = self.out.status(self.description)
-        self.live.start()
-        return lambda text: self.live.update(f"{self.description}: {text}")
-
-    def __exit__(self, *exc) -> None:
-        if self.live is not None:
-            self.live.stop()
+        if report.get("recovered"):
+            typer.echo(report["recovered"])
+        typer.echo(f"rolled back: {name} on {address.url}")
 
 
 def register(app: typer.Typer) -> None:

@@ -71,6 +71,22 @@ def package(
         return result
     from veo_edge.packaging.image import build_image
 
+    if sign_key is None:  # the default path signs: the local key, made once, as ssh-keygen makes one
+        from veo_edge.packaging import localkey
+
+        sign_key, fp, created = localkey.ensure()
+        err = console(stderr=True)
+        if created:
+            err.print(
+                f"Created the local image signing key {sign_key} (public: {localkey.public_path()}).\n"
+                f"The key fingerprint is: {fp} (ED25519). `veo-edge deploy` from this machine trusts it; "
+                f"elsewhere pin it with --verify-key {fp}",
+                soft_wrap=True,
+                markup=False,
+                highlight=False,
+            )
+        elif not quiet:
+            say(f"image: signing with the local key {sign_key} ({fp})")
     built = build_image(ctx, tag=image, sign_key=sign_key, save=save, progress=say, client=client)
     result.update(
         image=built.tag,
@@ -78,6 +94,8 @@ def package(
         size_bytes=built.size,
         saved=str(built.saved) if built.saved else None,
         signed_by=built.manifest.get("signing_key"),
+        signature_image=built.signature_tag,
+        signature_file=str(built.signature_file) if built.signature_file else None,
         files=len(built.manifest["files"]),
     )
     if not quiet:
@@ -85,6 +103,8 @@ def package(
             f"[bold green]Image[/] {built.tag} ({built.size / 1e6:.0f} MB, {len(built.manifest['files'])} files in "
             f"the manifest, {'signed by ' + built.manifest['signing_key'] if 'signing_key' in built.manifest else 'unsigned'})"
         )
+        if built.signature_tag:
+            c.print(f"  signature of image ID {built.id}: {built.signature_tag} and {built.signature_file}")
         if built.saved:
             c.print(f"  saved to {built.saved} (docker load -i {built.saved})")
         c.print(f"  context, SBOM and manifest: {ctx.path}")
@@ -99,7 +119,11 @@ def build_command(
     save: Path = typer.Option(None, "--save", help="Also write the image to this file (docker save)."),
     context_only: bool = typer.Option(False, "--context-only", help="Assemble the build context only."),
     base_image: str = typer.Option(None, "--base-image", help="Runtime base image (default: the target's)."),
-    sign_key: Path = typer.Option(None, "--sign-key", help="Ed25519 PEM private key signing the manifest."),
+    sign_key: Path = typer.Option(
+        None,
+        "--sign-key",
+        help="Ed25519 PEM private key signing the image (default: the local key, made on first use).",
+    ),
     out: Path = typer.Option(
         None, "--context-dir", help="Where the context goes (default: BUILD.image-TARGET)."
     ),

@@ -7,6 +7,7 @@ the engine without running it). :func:`verify_target` tells them apart, one line
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -14,25 +15,35 @@ import typer
 from veo_edge.cli._common import console, print_json
 
 
-def verify_target(target: str, progress: bool | None = None, key: str | None = None) -> dict[str, Any]:
+def verify_target(
+    target: str,
+    progress: bool | None = None,
+    key: str | None = None,
+    signature: Path | None = None,
+    allow_unsigned: bool = False,
+    cache: str | None = None,
+) -> dict[str, Any]:
     """Verify ``target`` and return its report as a dict (``kind``: build or image); raises the target's
-    verification error. ``key`` pins an image's signing key."""
-    from pathlib import Path
-
+    verification error. ``key`` pins an image's signing key; ``cache`` is the cache directory (an image
+    root) or volume (an image) to check for planted files."""
     from veo_edge.packaging import manifest as image_manifest
 
     path = Path(target)
     if path.is_dir() and (path / image_manifest.MANIFEST_FILE).is_file():
-        return {"kind": "image", **image_manifest.verify_root(path, key)}
+        report = image_manifest.verify_root(path, key, Path(cache) if cache else None, allow_unsigned)
+        return {"kind": "image", **report}
     # an image is named with a tag or digest (NAME:TAG, NAME@sha256:..., an id sha256:...); anything else
     # is a path, so a mistyped build directory gets "does not exist", not an engine error
     if path.exists() or not (":" in target or "@" in target):
         from veo_edge.builddir import verify
 
         return {"kind": "build", **verify(target, progress=progress).to_dict()}
-    from veo_edge.packaging.image import verify_image
+    from veo_edge.packaging.imagetrust import verify_image
 
-    return {"kind": "image", **verify_image(target, key)}
+    return {
+        "kind": "image",
+        **verify_image(target, key, signature=signature, allow_unsigned=allow_unsigned, cache_volume=cache),
+    }
 
 
 def verify_command(
@@ -43,6 +54,21 @@ def verify_command(
         None,
         "--key",
         help="Images: the trusted signing key, sha256:... fingerprint or PEM public key (or $VEO_EDGE_TRUSTED_KEY).",
+    ),
+    signature: Path = typer.Option(
+        None,
+        "--signature",
+        help="Images: a detached signature file (default: the <repo>:sha256-<id>.sig image on the engine).",
+    ),
+    allow_unsigned: bool = typer.Option(
+        False,
+        "--allow-unsigned",
+        help="Images: report an unsigned, unpinned or wrongly signed image loudly instead of refusing it.",
+    ),
+    cache: str = typer.Option(
+        None,
+        "--cache",
+        help="Also check the cache volume for planted files: a directory (image root) or a volume (IMAGE).",
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON (on failure too)."),
     quiet: bool = typer.Option(
@@ -57,14 +83,25 @@ def verify_command(
 ) -> None:
     """Check the manifest against its schema and every artifact against the manifest's sha256 and size.
 
-    An image: every file baked under /opt/veo-edge against the image manifest, and the manifest's DSSE
-    signature (pinned with --key).
+    An image: its ID (the digest of its config: entrypoint, environment, user, labels, every layer)
+    against the signature beside it, by the trusted key (--key, else $VEO_EDGE_TRUSTED_KEY, else the
+    local key `veo-edge build` made here); then every file baked under /opt/veo-edge against the
+    in-image manifest. Unsigned images, other keys and changed images are refused.
 
     Exit codes: 0 intact; 30 an artifact differs from the manifest (the line names the file and both
     hashes); 31 the manifest does not follow its schema; 7 not a build directory or an artifact is missing;
     43 an image's files or signature do not match; 41 no Docker engine for an image.
     """
-    report = verify_target(target, progress=False if (quiet or json_out) else progress, key=key)
+    report = verify_target(
+        target,
+        progress=False if (quiet or json_out) else progress,
+        key=key,
+        signature=signature,
+        allow_unsigned=allow_unsigned,
+        cache=cache,
+    )
+    for warning in report.get("warnings") or []:
+        console(stderr=True).print(f"[bold red]WARNING (--allow-unsigned):[/] {warning}", soft_wrap=True)
     if json_out:
         print_json(report)
         return
@@ -72,10 +109,18 @@ def verify_command(
         return
     c = console()
     if report["kind"] == "image":
-        signed = f"signed by {report['signed_by']}" if report["signed_by"] else "UNSIGNED"
+        if report.get("image_id"):
+            signed = (
+                f"image ID signed by {report['signed_by']} (trusted: {report['pinned_from']})"
+                if report.get("verified")
+                else "NOT VERIFIED: accepted with --allow-unsigned"
+            )
+        else:
+            signed = f"signed by {report['signed_by']}" if report["signed_by"] else "UNSIGNED (allowed)"
+        cache_note = f"; cache clean ({report['cache']['entries']} entries)" if report.get("cache") else ""
         c.print(
             f"[bold green]verified[/] {report['source']}: {report['files']} files, {report['bytes'] / 1e6:.1f} MB, "
-            f"every sha256 matches the image manifest; {signed}",
+            f"every sha256 matches the image manifest; {signed}{cache_note}",
             soft_wrap=True,
         )
         return

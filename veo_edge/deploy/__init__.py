@@ -1,10 +1,11 @@
 """Shipping what ``veo-edge build --target`` made: onto one device's Docker engine, a Docker Swarm, or
 Kubernetes/k3s manifests. Everything here talks to engines through the Docker SDK (imported lazily)."""
 
-from veo_edge.deploy.device import RunOptions, deploy_container, rollback, status
+from veo_edge.deploy.device import deploy_container, recover, rollback, status
 from veo_edge.deploy.engines import EngineAddress, TlsFiles, local_engine
 from veo_edge.deploy.k8s import Workload, write_manifests
 from veo_edge.deploy.profiles import ImageFacts
+from veo_edge.deploy.runopts import RunOptions
 from veo_edge.deploy.swarm import ServiceOptions, deploy_service, rollback_service, service_status
 from veo_edge.deploy.transfer import transfer_image
 
@@ -18,6 +19,7 @@ __all__ = [
     "deploy_container",
     "deploy_service",
     "local_engine",
+    "recover",
     "rollback",
     "rollback_service",
     "service_status",

@@ -1,64 +1,48 @@
-"""One device: run a release as a container, prove it healthy, and roll back when it is not.
+"""One device: run a release as a container, prove it healthy, and always leave a good release running.
 
-The release runs as the container ``NAME``. A deploy stops the running release and keeps it, renamed
-``NAME-outgoing``, until the new one is healthy (Docker's own health status, from the image's
-HEALTHCHECK). A new release that reports unhealthy, exits, or never becomes healthy within the timeout is
-removed, the previous one is restarted under ``NAME`` and proven healthy again, and the deploy fails
-with the last healthcheck output and log lines. After a good deploy the release that ran until then stays
-(stopped) as ``NAME-previous`` so that ``veo-edge deploy rollback NAME`` can go back to it; one
-generation is kept, and a failed deploy leaves it as it was.
+The release runs as the container ``NAME``. A deploy first renames the running release ``NAME-outgoing``
+and stops it (kept, not removed), then starts the new release as ``NAME`` and waits for Docker's health
+status (the image's HEALTHCHECK). Healthy: the outgoing release becomes ``NAME-previous`` (one generation
+is kept, for ``veo-edge deploy rollback NAME``). Anything else — unhealthy, exited, not healthy in time,
+an engine error, Ctrl-C, SIGTERM or a dropped session while waiting — removes the new release and
+restores the outgoing one under ``NAME``, waiting until it is healthy again. A restore whose restart
+fails leaves the previous container in place, under ``NAME``, and says so.
 
-Releases on one device use host networking by default (the stop-first order above is what lets the new
+The names are the journal: renames are atomic on the engine, so a deploy killed outright (SIGKILL, a
+lost connection) leaves ``NAME-outgoing`` (or, for a rollback, ``NAME-rollback``) behind, and the next
+``deploy``, ``deploy status`` or ``deploy rollback`` of ``NAME`` finishes it (:func:`recover`): it keeps
+the new release if it is healthy, else puts the outgoing one back. The new release's container records
+which container it replaces (label ``io.veo-edge.deploy.replaces``).
+
+Releases on one device use host networking by default (the stop-first order is what lets the new
 release bind the same port).
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from veo_edge.deploy.profiles import ImageFacts, gpu_run
-from veo_edge.errors import DeployError, RollbackFailedError, UnhealthyReleaseError, UsageError
+from veo_edge.deploy.health import HealthOutcome, HealthProgress, health, wait_healthy
+from veo_edge.deploy.profiles import ImageFacts
+from veo_edge.deploy.runopts import LABEL_IMAGE, RunOptions, container_kwargs
+from veo_edge.errors import (
+    DeployError,
+    DeployInterruptedError,
+    RollbackFailedError,
+    UnhealthyReleaseError,
+    UsageError,
+)
 
 PREVIOUS_SUFFIX = "-previous"
 OUTGOING_SUFFIX = "-outgoing"  # the running release while its successor proves itself
-LABEL_DEPLOY = "io.veo-edge.deploy.name"
-LABEL_IMAGE = "io.veo-edge.deploy.image"
+PARKED_SUFFIX = "-rollback"  # the current release while a rollback proves the previous one
+#: step callback: a deploy or rollback calls it after each journal step (its name), for progress and tests
+StepHook = Callable[[str], None]
 
-#: health callback: (container name, health status or state, seconds waited)
-HealthProgress = Callable[[str, str, float], None]
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How a release container runs on the device (defaults: what an edge device wants)."""
-
-    port: int = 8000
-    network: str = "host"
-    selinux_type: str | None = None
-    memory: str | None = None  # e.g. "2g"
-    cpus: float | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    cache_volume: str | None = None  # default: veo-edge-cache-NAME
-    stop_timeout: int = 30
-
-    def check(self) -> None:
-        if not 0 < self.port < 65536:
-            raise UsageError(f"--port {self.port} is not a TCP port (1..65535)")
-        if self.cpus is not None and self.cpus <= 0:
-            raise UsageError(f"--cpus {self.cpus} must be positive")
-
-
-@dataclass
-class HealthOutcome:
-    healthy: bool
-    reason: str
-    last_check: str = ""
-    log_tail: str = ""
-    waited_s: float = 0.0
+__all__ = ["RunOptions", "deploy_container", "recover", "rollback", "status", "wait_healthy"]
 
 
 @dataclass
@@ -70,6 +54,7 @@ class DeployResult:
     previous_image: str | None
     waited_s: float
     transfer: dict[str, Any] | None = None
+    recovered: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +65,7 @@ class DeployResult:
             "previous_image": self.previous_image,
             "healthy_after_s": round(self.waited_s, 2),
             "transfer": self.transfer,
+            "recovered": self.recovered,
         }
 
 
@@ -103,88 +89,14 @@ def _get(client: Any, name: str) -> Any | None:
         return None
 
 
-def _health(container: Any) -> tuple[str, str, int, int | None, str]:
-    """(status, last healthcheck output, restart count, exit code, health status) of a container."""
-    container.reload()
-    state = container.attrs.get("State") or {}
-    health = state.get("Health") or {}
-    log = health.get("Log") or []
-    last = (log[-1].get("Output") or "").strip() if log else ""
-    return (
-        state.get("Status", "unknown"),
-        last,
-        int(container.attrs.get("RestartCount") or 0),
-        state.get("ExitCode"),
-        health.get("Status", ""),
-    )
-
-
-def _log_tail(container: Any, lines: int = 15) -> str:
-    try:
-        text = container.logs(tail=lines).decode(errors="replace")
-    except Exception as e:  # a removed or dead container: say so instead of failing the report
-        return f"(no logs: {e})"
-    return " | ".join(line for line in text.splitlines() if line.strip())
-
-
-def wait_healthy(container: Any, timeout: float, progress: HealthProgress | None = None) -> HealthOutcome:
-    """Poll Docker's health status until healthy, unhealthy, exited, restarted or ``timeout``."""
-    start = time.monotonic()
-    poll = 0.5
-    while True:
-        status, last, restarts, code, health = _health(container)
-        waited = time.monotonic() - start
-        if progress is not None:
-            progress(container.name, health or status, waited)
-        if health == "healthy" and status == "running":
-            return HealthOutcome(True, "healthy", last, "", waited)
-        reason = None
-        if status in ("exited", "dead"):
-            reason = f"the container exited with code {code}"
-        elif restarts > 0:
-            reason = f"the container exited and was restarted {restarts}x by its restart policy"
-        elif health == "unhealthy":
-            reason = "Docker reports it unhealthy"
-        elif not health:
-            reason = "the image has no HEALTHCHECK, so its health cannot be proven"
-        elif waited >= timeout:
-            reason = f"it was not healthy within {timeout:g} s (health: {health})"
-        if reason is not None:
-            return HealthOutcome(False, reason, last, _log_tail(container), waited)
-        time.sleep(poll)
-
-
-def _run(client: Any, facts: ImageFacts, name: str, opts: RunOptions) -> Any:
-    from docker.types import DeviceRequest
-
-    gpu = gpu_run(facts.target)
-    kw: dict[str, Any] = {
-        "name": name,
-        "detach": True,
-        "read_only": True,
-        "tmpfs": {"/tmp": "rw,nosuid,nodev,size=64m"},
-        "restart_policy": {"Name": "unless-stopped"},
-        "network_mode": opts.network,
-        "environment": {facts.port_env: str(opts.port), **opts.env},
-        "labels": {LABEL_DEPLOY: name, LABEL_IMAGE: facts.ref},
-        "volumes": {opts.cache_volume or f"veo-edge-cache-{name}": {"bind": facts.cache_dir, "mode": "rw"}},
-    }
-    if gpu.runtime:
-        kw["runtime"] = gpu.runtime
-    if gpu.device_requests:
-        kw["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    if opts.selinux_type:
-        kw["security_opt"] = [f"label=type:{opts.selinux_type}"]
-    if opts.memory:
-        kw["mem_limit"] = opts.memory
-    if opts.cpus:
-        kw["nano_cpus"] = int(opts.cpus * 1e9)
-    return client.containers.run(facts.image_id, **kw)
-
-
 def _image_of(container: Any) -> str:
     labels = (container.attrs.get("Config") or {}).get("Labels") or {}
     return labels.get(LABEL_IMAGE) or (container.attrs.get("Config") or {}).get("Image", "?")
+
+
+def _step(hook: StepHook | None, name: str) -> None:
+    if hook is not None:
+        hook(name)
 
 
 def deploy_container(
@@ -194,8 +106,10 @@ def deploy_container(
     opts: RunOptions,
     timeout: float,
     progress: HealthProgress | None = None,
+    on_step: StepHook | None = None,
 ) -> DeployResult:
-    """Replace the release ``name`` on ``client`` with ``facts``' image, health-gated, with rollback."""
+    """Replace the release ``name`` on ``client`` with ``facts``' image (by ID), health-gated; whatever
+    happens, a healthy release (the new or the previous one) runs afterwards, or the error says why not."""
     from docker.errors import APIError
 
     check_name(name)
@@ -205,91 +119,179 @@ def deploy_container(
             f"image {facts.ref} has no HEALTHCHECK, so a deploy cannot prove it healthy; build it with "
             "veo-edge build --target ..., which adds one"
         )
-    previous_name = name + PREVIOUS_SUFFIX
-    outgoing_name = name + OUTGOING_SUFFIX
+    recovered = recover(client, name, timeout, progress)
     current = _get(client, name)
-    stale = _get(client, previous_name)
+    new = None
     try:
-        leftover = _get(client, outgoing_name)
-        if leftover is not None:  # an interrupted deploy's: the release under NAME is the one that ran last
-            leftover.remove(force=True)
         if current is not None:
+            current.rename(name + OUTGOING_SUFFIX)  # the journal entry: a deploy is under way
+            _step(on_step, "renamed")
             current.stop(timeout=opts.stop_timeout)
-            current.rename(outgoing_name)
-        new = _run(client, facts, name, opts)
-    except APIError as e:
-        _restore(client, current, name, timeout, progress)
-        raise DeployError(f"the engine refused to start {facts.ref} as {name}: {e.explanation or e}") from e
-    except BaseException:
-        _restore(client, current, name, timeout, progress)
-        raise
-    outcome = wait_healthy(new, timeout, progress)
-    if outcome.healthy:
-        # the release that ran until now becomes the one kept for `deploy rollback` (one generation)
-        if current is not None:
-            if stale is not None:
-                stale.remove(force=True)
-            current.rename(previous_name)
-        kept = current if current is not None else stale
-        return DeployResult(
-            name, facts.ref, facts.image_id, new.id, _image_of(kept) if kept else None, outcome.waited_s
+            _step(on_step, "stopped")
+        new = client.containers.run(
+            facts.image_id, **container_kwargs(facts, name, opts, current.id if current else "")
         )
-    with contextlib.suppress(Exception):
-        new.remove(force=True)
+        _step(on_step, "started")
+        outcome = wait_healthy(new, timeout, progress)
+    except BaseException as e:  # an engine error, Ctrl-C, SIGTERM (the CLI raises it), a lost engine
+        _, restored = _restore(client, current, name, new, timeout, progress)
+        if isinstance(e, KeyboardInterrupt):
+            raise DeployInterruptedError(
+                f"interrupted ({e or 'Ctrl-C'}) while deploying {facts.ref} as {name}; {restored}"
+            ) from e
+        if isinstance(e, APIError):
+            raise DeployError(
+                f"the engine refused to start {facts.ref} as {name}: {e.explanation or e}; {restored}"
+            ) from e
+        if isinstance(e, Exception) and not isinstance(e, DeployError):
+            raise DeployError(
+                f"lost the engine while deploying {facts.ref} as {name} ({e}); {restored}"
+            ) from e
+        raise
+    if outcome.healthy:
+        _finish(client, name, current)
+        _step(on_step, "finished")
+        return DeployResult(
+            name,
+            facts.ref,
+            facts.image_id,
+            new.id,
+            _image_of(current) if current is not None else _kept_image(client, name),
+            outcome.waited_s,
+            recovered=recovered,
+        )
     why = f"{facts.ref} did not become healthy as {name}: {outcome.reason}"
     details = f"; last healthcheck: {outcome.last_check or '(none)'}; last log lines: {outcome.log_tail or '(none)'}"
+    ok, restored = _restore(client, current, name, new, timeout, progress)
     if current is None:
         raise UnhealthyReleaseError(f"{why}; it was removed (there was no previous release){details}")
-    restored = _restore(client, current, name, timeout, progress)
-    if not restored.healthy:
-        raise RollbackFailedError(
-            f"{why}; the previous release {_image_of(current)} was restarted but is not healthy either "
-            f"({restored.reason}){details}"
-        )
-    raise UnhealthyReleaseError(
-        f"{why}; rolled back to the previous release {_image_of(current)}, healthy again{details}"
-    )
+    raise (UnhealthyReleaseError if ok else RollbackFailedError)(f"{why}; {restored}{details}")
+
+
+def _kept_image(client: Any, name: str) -> str | None:
+    kept = _get(client, name + PREVIOUS_SUFFIX)
+    return _image_of(kept) if kept is not None else None
+
+
+def _finish(client: Any, name: str, outgoing: Any | None) -> None:
+    """The new release is healthy: the outgoing one becomes the kept previous release."""
+    if outgoing is None:
+        return
+    stale = _get(client, name + PREVIOUS_SUFFIX)
+    if stale is not None and stale.id != outgoing.id:
+        stale.remove(force=True)
+    outgoing.rename(name + PREVIOUS_SUFFIX)
 
 
 def _restore(
-    client: Any, current: Any | None, name: str, timeout: float, progress: HealthProgress | None
-) -> HealthOutcome:
-    """Put the release that ran before back under ``name`` and start it (after a failed deploy)."""
-    if current is None:
-        return HealthOutcome(True, "nothing to restore")
-    half = _get(client, name)
-    if half is not None and half.id != current.id:
+    client: Any,
+    current: Any | None,
+    name: str,
+    new: Any | None,
+    timeout: float,
+    progress: HealthProgress | None,
+    what: str = "rolled back to the previous release",
+) -> tuple[bool, str]:
+    """Remove the new release and put ``current`` back under ``name``, started and proven healthy;
+    returns whether it is healthy and one phrase saying what was done (a failed restart is said, not
+    raised: the container stays in place)."""
+    if new is None:
+        new = _get(client, name)
+        if new is not None and current is not None and new.id == current.id:
+            new = None
+    if new is not None:
         with contextlib.suppress(Exception):
-            half.remove(force=True)
-    current.reload()
-    if current.name != name:
-        current.rename(name)
-    current.start()
-    return wait_healthy(current, timeout, progress)
+            new.remove(force=True)
+    if current is None:
+        return True, "there was no previous release"
+    image = _image_of(current)
+    try:
+        current.reload()
+        if current.name.lstrip("/") != name:
+            current.rename(name)
+        current.start()
+    except Exception as e:
+        return False, (
+            f"the previous release {image} is kept as container "
+            f"{getattr(current, 'name', name).lstrip('/')} but did not start again ({e}): start it by hand "
+            f"or run `veo-edge deploy status {name}` to finish"
+        )
+    back: HealthOutcome = wait_healthy(current, timeout, progress)
+    if back.healthy:
+        return True, f"{what} {image}, healthy again"
+    return False, f"the release {image} was restarted under {name} but is not healthy either ({back.reason})"
+
+
+def recover(client: Any, name: str, timeout: float, progress: HealthProgress | None = None) -> str | None:
+    """Finish what an interrupted deploy or rollback of ``name`` left (the journal: ``NAME-outgoing`` or
+    ``NAME-rollback``); returns what was done, None when there was nothing to do."""
+    for suffix, what in ((OUTGOING_SUFFIX, "deploy"), (PARKED_SUFFIX, "rollback")):
+        left = _get(client, name + suffix)
+        if left is None:
+            continue
+        new = _get(client, name)
+        if new is not None:
+            st, *_ = health(new)
+            outcome = wait_healthy(new, timeout, progress) if st == "running" else None
+            if outcome is not None and outcome.healthy:
+                if suffix == OUTGOING_SUFFIX:
+                    _finish(client, name, left)
+                else:
+                    stale = _get(client, name + PREVIOUS_SUFFIX)
+                    if stale is not None:
+                        stale.remove(force=True)
+                    left.rename(name + PREVIOUS_SUFFIX)
+                return f"finished an interrupted {what}: {_image_of(new)} is healthy as {name}"
+            if suffix == PARKED_SUFFIX:  # the previous release was being tried: put it back, stopped
+                with contextlib.suppress(Exception):
+                    new.stop(timeout=10)
+                if _get(client, name + PREVIOUS_SUFFIX) is None:
+                    new.rename(name + PREVIOUS_SUFFIX)
+                else:
+                    new.remove(force=True)
+                new = None
+        _, restored = _restore(client, left, name, new, timeout, progress)
+        return f"undid an interrupted {what}: {restored}"
+    return None
 
 
 def rollback(
-    client: Any, name: str, timeout: float, progress: HealthProgress | None = None, stop_timeout: int = 30
+    client: Any,
+    name: str,
+    timeout: float,
+    progress: HealthProgress | None = None,
+    stop_timeout: int = 30,
+    on_step: StepHook | None = None,
 ) -> DeployResult:
-    """Swap the running release ``name`` with the kept ``name-previous`` and prove that one healthy."""
+    """Swap the running release ``name`` with the kept ``name-previous`` and prove that one healthy;
+    when it is not, the current release comes back (and is proven healthy again)."""
     check_name(name)
-    previous_name = name + PREVIOUS_SUFFIX
-    previous = _get(client, previous_name)
+    recovered = recover(client, name, timeout, progress)
+    previous = _get(client, name + PREVIOUS_SUFFIX)
     if previous is None:
         raise DeployError(
-            f"no previous release of {name} is kept on that engine (no container {previous_name})"
+            f"no previous release of {name} is kept on that engine (no container {name + PREVIOUS_SUFFIX})"
         )
     current = _get(client, name)
-    parked = name + "-rollback"
-    if current is not None:
-        current.stop(timeout=stop_timeout)
-        current.rename(parked)
-    previous.rename(name)
-    previous.start()
-    outcome = wait_healthy(previous, timeout, progress)
+    try:
+        if current is not None:
+            current.rename(name + PARKED_SUFFIX)
+            _step(on_step, "renamed")
+            current.stop(timeout=stop_timeout)
+            _step(on_step, "stopped")
+        previous.rename(name)
+        previous.start()
+        _step(on_step, "started")
+        outcome = wait_healthy(previous, timeout, progress)
+    except BaseException as e:
+        _, state = _undo_rollback(client, name, previous, current, timeout, progress)
+        if isinstance(e, KeyboardInterrupt):
+            raise DeployInterruptedError(f"interrupted ({e or 'Ctrl-C'}) rolling back {name}; {state}") from e
+        raise
     if outcome.healthy:
         if current is not None:
-            current.rename(previous_name)  # rolling back again returns to it
+            current.rename(name + PREVIOUS_SUFFIX)  # rolling back again returns to it
+        _step(on_step, "finished")
         previous.reload()
         return DeployResult(
             name,
@@ -298,38 +300,47 @@ def rollback(
             previous.id,
             _image_of(current) if current else None,
             outcome.waited_s,
+            recovered=recovered,
         )
-    previous.stop(timeout=stop_timeout)
-    previous.rename(previous_name)
-    if current is None:
-        raise RollbackFailedError(f"the previous release of {name} is not healthy: {outcome.reason}")
-    current.rename(name)
-    current.start()
-    back = wait_healthy(current, timeout, progress)
-    state = "healthy again" if back.healthy else f"not healthy either ({back.reason})"
-    raise (UnhealthyReleaseError if back.healthy else RollbackFailedError)(
+    ok, state = _undo_rollback(client, name, previous, current, timeout, progress)
+    raise (UnhealthyReleaseError if ok else RollbackFailedError)(
         f"the previous release of {name} did not become healthy ({outcome.reason}; last healthcheck: "
-        f"{outcome.last_check or '(none)'}); kept the current release, {state}"
+        f"{outcome.last_check or '(none)'}); kept the current release: {state}"
     )
 
 
-def status(client: Any, name: str) -> dict[str, Any]:
-    """The release ``name`` and the kept previous one, as Docker reports them."""
+def _undo_rollback(
+    client: Any, name: str, previous: Any, current: Any | None, timeout: float, progress
+) -> tuple[bool, str]:
+    with contextlib.suppress(Exception):
+        previous.stop(timeout=10)
+    with contextlib.suppress(Exception):
+        previous.reload()
+        if previous.name.lstrip("/") == name:
+            previous.rename(name + PREVIOUS_SUFFIX)
+    if current is None:
+        return False, "there is no current release to go back to"
+    return _restore(client, current, name, None, timeout, progress, "back to")
+
+
+def status(client: Any, name: str, timeout: float = 300.0, progress=None) -> dict[str, Any]:
+    """The release ``name`` and the kept previous one, as Docker reports them (after finishing what an
+    interrupted deploy or rollback left)."""
     check_name(name)
-    out: dict[str, Any] = {"name": name}
+    out: dict[str, Any] = {"name": name, "recovered": recover(client, name, timeout, progress)}
     for key, cname in (("current", name), ("previous", name + PREVIOUS_SUFFIX)):
         c = _get(client, cname)
         if c is None:
             out[key] = None
             continue
-        st, last, restarts, code, health = _health(c)
+        st, last, restarts, code, hstatus = health(c)
         out[key] = {
             "container": c.name,
             "id": c.id[:12],
             "image": _image_of(c),
             "image_id": c.image.id if c.image else None,
             "state": st,
-            "health": health or None,
+            "health": hstatus or None,
             "last_healthcheck": last or None,
             "restarts": restarts,
             "exit_code": code if st != "running" else None,

@@ -1,8 +1,9 @@
 """The target's Docker engine: parse the address a user gives, refuse the unsafe one, connect, ping.
 
-``unix:///var/run/docker.sock`` (a local engine), ``ssh://user@host`` (through the Docker SDK's ssh
-support: paramiko), ``tcp://host:2376`` only with TLS client certificates (a Docker engine on plain TCP is
-root on the device for anyone on the network, so it is refused).
+``unix:///var/run/docker.sock`` (a local engine), ``ssh://user@host[:port]`` (the OpenSSH client, as the
+docker CLI uses it; an unknown host key is refused), ``tcp://host:2376`` only with TLS client
+certificates (a Docker engine on plain TCP is root on the device for anyone on the network, so it is
+refused, and so is a plain ``DOCKER_HOST=tcp://`` for the local engine).
 """
 
 from __future__ import annotations
@@ -87,12 +88,7 @@ class EngineAddress:
                 client_cert=(str(self.tls.cert), str(self.tls.key)), ca_cert=str(self.tls.ca), verify=True
             )
         elif self.scheme == "ssh":
-            try:
-                import paramiko  # noqa: F401 - the SDK's ssh transport
-            except ImportError as e:
-                raise EngineUnreachableError(
-                    f"ssh:// engines need paramiko ({e}); pip install 'veo-edge[ssh]'"
-                ) from e
+            kw.update(ssh_transport(self.url))
         try:
             if self.scheme == "tcp":
                 # requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE override the session's CA: the engine's
@@ -110,6 +106,47 @@ class EngineAddress:
         return client
 
 
+def ssh_transport(url: str) -> dict[str, Any]:
+    """How the SDK reaches an ``ssh://`` engine: the OpenSSH client (``use_ssh_client``: your
+    ~/.ssh/config, agent, known_hosts and certificates, as the docker CLI uses them), checked first with
+    one batch-mode command so that an unknown host key, a refused login or a missing remote ``docker`` is
+    a one-line error, not a broken pipe; paramiko (``veo-edge[ssh]``) where no ``ssh`` is installed.
+    Either way an unknown host key is refused, never accepted on first use."""
+    import shutil
+    import subprocess
+
+    try:
+        import paramiko  # noqa: F401 - the SDK's ssh module imports it even when it shells out to ssh
+    except ImportError as e:
+        raise EngineUnreachableError(
+            f"ssh:// engines need paramiko ({e}); pip install 'veo-edge[ssh]'"
+        ) from e
+    ssh = shutil.which("ssh")
+    if ssh is None:  # paramiko itself, with the SDK's RejectPolicy for unknown host keys
+        return {}
+    parts = urlsplit(url)
+    cmd = [ssh, "-o", "BatchMode=yes", "-o", "ConnectTimeout=15"]
+    cmd += ["-l", parts.username] if parts.username else []
+    cmd += ["-p", str(parts.port)] if parts.port else []
+    cmd += ["--", parts.hostname or "", "docker version --format '{{.Server.Version}}'"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as e:
+        raise EngineUnreachableError(f"no answer from {url} within 60 s over ssh") from e
+    err = " ".join(proc.stderr.split())
+    if proc.returncode == 0:
+        return {"use_ssh_client": True}
+    if "Host key verification failed" in err or "REMOTE HOST IDENTIFICATION HAS CHANGED" in err:
+        raise InsecureEngineError(
+            f"refusing {url}: its ssh host key is not one your known_hosts trusts ({err}); check the key's "
+            f"fingerprint on the device, then add it (ssh-keyscan -p {parts.port or 22} {parts.hostname} >> "
+            "~/.ssh/known_hosts) or connect once with ssh"
+        )
+    raise EngineUnreachableError(
+        f"no Docker engine answers at {url} over ssh (exit {proc.returncode}): {err}"
+    )
+
+
 def local_engine(timeout: float = 60.0) -> Any:
     """The engine the image was built on: ``DOCKER_HOST``, else the default socket."""
 
@@ -118,6 +155,9 @@ def local_engine(timeout: float = 60.0) -> Any:
         from docker.errors import DockerException
     except ImportError as e:  # pragma: no cover
         raise EngineUnreachableError(f"the Docker SDK is not importable ({e}); pip install docker") from e
+    from veo_edge.packaging.image import refuse_plain_tcp
+
+    refuse_plain_tcp()
     where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     try:
         client = docker.from_env(timeout=timeout, version="auto")

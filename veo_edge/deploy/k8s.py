@@ -6,7 +6,10 @@ selecting nodes by ``veo.target=<target>``; on GPU targets ``runtimeClassName: n
 ``nvidia.com/gpu``; liveness and readiness on the KServe v2 health routes, a startup probe long enough
 for a first TensorRT engine build; an engine-cache volume; the restricted security context (non-root,
 read-only root, no privilege escalation, no capabilities, RuntimeDefault seccomp, SELinux type when
-given). Then a Service, a PodDisruptionBudget and a kustomization tying them together.
+given). The image is named by digest (``repo@sha256:...``) once verified, and the container's own check
+pins the signing key (``VEO_EDGE_TRUSTED_KEY``); the model-control token comes from a Secret the user
+creates (``--control-token-secret``), never from the image or the manifests. Then a Service, a
+PodDisruptionBudget and a kustomization tying them together.
 """
 
 from __future__ import annotations
@@ -25,6 +28,13 @@ K8S_VERSION = "1.31.0"
 GPU_STARTUP_S = 30 * 60
 CPU_STARTUP_S = 5 * 60
 DEFAULT_UID = 10001
+TRUSTED_KEY_ENV = "VEO_EDGE_TRUSTED_KEY"
+ALLOW_UNSIGNED_ENV = "VEO_EDGE_ALLOW_UNSIGNED"
+#: the model-control API's token, from a Secret mounted read-only (serve reads the file it names)
+CONTROL_MODE_ENV = "VEO_EDGE_MODEL_CONTROL_MODE"
+CONTROL_TOKEN_ENV = "VEO_EDGE_CONTROL_TOKEN_FILE"
+CONTROL_TOKEN_DIR = "/run/secrets/veo-edge"
+CONTROL_TOKEN_KEY = "control-token"
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,12 @@ class Workload:
     cpus: float | None = None
     env: dict[str, str] = field(default_factory=dict)
     namespace: str | None = None
+    #: the signing key's fingerprint the container's own check requires (VEO_EDGE_TRUSTED_KEY)
+    trusted_key: str | None = None
+    allow_unsigned: bool = False
+    #: a Secret (made by the user, never rendered here) whose key ``control-token`` holds the bearer
+    #: token of the model-control API; with it, model load/unload is on (--model-control-mode explicit)
+    control_token_secret: str | None = None
 
 
 def _k8s_name(name: str) -> str:
@@ -52,6 +68,18 @@ def _k8s_name(name: str) -> str:
     if not n:
         raise UsageError(f"--name {name!r} gives no valid Kubernetes name (lowercase letters, digits, '-')")
     return n
+
+
+def _env(w: Workload) -> dict[str, str]:
+    env = {w.port_env: str(w.port)}
+    if w.trusted_key:
+        env[TRUSTED_KEY_ENV] = w.trusted_key
+    if w.allow_unsigned:
+        env[ALLOW_UNSIGNED_ENV] = "1"
+    if w.control_token_secret:
+        env[CONTROL_MODE_ENV] = "explicit"
+        env[CONTROL_TOKEN_ENV] = f"{CONTROL_TOKEN_DIR}/{CONTROL_TOKEN_KEY}"
+    return {**env, **dict(sorted(w.env.items()))}
 
 
 def render(w: Workload) -> dict[str, dict[str, Any]]:
@@ -112,8 +140,7 @@ def render(w: Workload) -> dict[str, dict[str, Any]]:
         "image": w.image,
         "imagePullPolicy": "IfNotPresent",
         "ports": [{"name": "http", "containerPort": w.port, "protocol": "TCP"}],
-        "env": [{"name": w.port_env, "value": str(w.port)}]
-        + [{"name": k, "value": v} for k, v in sorted(w.env.items())],
+        "env": [{"name": k, "value": v} for k, v in _env(w).items()],
         "startupProbe": probe("/v2/health/live", 10, startup_s // 10),
         "livenessProbe": probe("/v2/health/live", 10, 3),
         "readinessProbe": probe("/v2/health/ready", 5, 2),
@@ -121,7 +148,12 @@ def render(w: Workload) -> dict[str, dict[str, Any]]:
         "volumeMounts": [
             {"name": "engine-cache", "mountPath": w.cache_dir},
             {"name": "tmp", "mountPath": "/tmp"},
-        ],
+        ]
+        + (
+            [{"name": "control-token", "mountPath": CONTROL_TOKEN_DIR, "readOnly": True}]
+            if w.control_token_secret
+            else []
+        ),
         **({"resources": resources} if resources else {}),
     }
     pod_spec: dict[str, Any] = {
@@ -130,7 +162,17 @@ def render(w: Workload) -> dict[str, dict[str, Any]]:
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 40,  # the server drains for up to 30 s on SIGTERM
         "containers": [container],
-        "volumes": [cache_volume, {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}],
+        "volumes": [cache_volume, {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}}]
+        + (
+            [
+                {
+                    "name": "control-token",
+                    "secret": {"secretName": w.control_token_secret, "defaultMode": 0o400},
+                }
+            ]
+            if w.control_token_secret
+            else []
+        ),
     }
     if gpu.k8s_runtime_class:
         pod_spec["runtimeClassName"] = gpu.k8s_runtime_class

@@ -7,27 +7,30 @@ rolls the service back when an updated task fails (``failure_action=rollback``).
 tasks and the update status and reports what the swarm did; tasks that no node can take are reported as
 pending with the scheduler's reason, never as success.
 
-Rollback uses a private hook of the Docker SDK. The Engine API rolls a service back with
-``POST /services/{id}/update?version=N&rollback=previous`` (what ``docker service rollback`` sends), and the
-SDK (docker 7.2.0, the version tested) has no public call for it: ``APIClient.update_service`` always sends
-``params={'version': version}`` only, ``rollback_config`` is the RollbackConfig *policy* (how a rollback
-proceeds), not a request to roll back, and ``Service.update`` goes through ``update_service``. Updating
-the service to its ``PreviousSpec`` with the public ``update_service`` is not the same operation: the
-swarm runs it as an update (UpdateConfig, states ``updating``/``completed``, not RollbackConfig and
-``rollback_*``), and it makes the failed spec the new PreviousSpec. docker-py's PR #2314 (a rollback
-method) was closed unmerged. So :func:`rollback_service` calls ``APIClient._url``, ``_post_json`` and
-``_raise_for_status``, the SDK's own request helpers, as ``update_service`` does.
+Several replicas on one node share its network (host networking): each listens on the base port +
+its slot - 1 (``VEO_EDGE_REPLICA_SLOT={{.Task.Slot}}``, read by the entrypoint and the healthcheck), so
+replicas never fight over a port (:mod:`.swarmspec`). The service names the image by its verified ID,
+or ``repo@sha256:...`` when it went through a registry: no node re-resolves a tag.
+
+Rollback is the Engine API's own (what ``docker service rollback`` sends): ``POST
+/services/{id}/update?version=N&rollback=previous``. The SDK (docker 7.2.0) has no method for it
+(``update_service`` sends ``version`` only; docker-py's PR #2314 was closed unmerged), and updating to the
+``PreviousSpec`` is not the same operation (it runs as an update under UpdateConfig, not RollbackConfig).
+So :func:`rollback_service` sends it through the SDK's public surface: ``APIClient`` is a
+``requests.Session`` bound to the engine (``base_url``, ``api_version``), its ``post`` is public, and
+``docker.errors.create_api_error_from_http_exception`` turns a refusal into the SDK's ``APIError``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from veo_edge.deploy.device import check_name
-from veo_edge.deploy.profiles import NODE_LABEL, ImageFacts, gpu_run, memory_bytes
+from veo_edge.deploy.profiles import NODE_LABEL, ImageFacts
+from veo_edge.deploy.swarmspec import ServiceOptions, constraint, service_spec
 from veo_edge.errors import DeployError, DeployPendingError, UnhealthyReleaseError, UsageError
 
 #: the scheduler needs a moment to say "no suitable node"; pending longer than this is reported
@@ -37,23 +40,6 @@ PENDING_GRACE_S = 5.0
 SwarmProgress = Callable[[str, float], None]
 
 
-@dataclass(frozen=True)
-class ServiceOptions:
-    replicas: int | None = 1  # None: global mode, one task per matching node
-    port: int = 8000
-    network: str = "host"
-    env: dict[str, str] = field(default_factory=dict)
-    monitor_s: float = 15.0
-    memory: str | None = None
-    cpus: float | None = None
-
-    def check(self) -> None:
-        if self.replicas is not None and self.replicas < 1:
-            raise UsageError(f"--replicas {self.replicas} must be at least 1 (or use --global)")
-        if not 0 < self.port < 65536:
-            raise UsageError(f"--port {self.port} is not a TCP port (1..65535)")
-
-
 @dataclass
 class ServiceResult:
     name: str
@@ -61,6 +47,7 @@ class ServiceResult:
     action: str  # "created" | "updated"
     tasks: list[dict[str, Any]]
     waited_s: float
+    bound: str = ""  # what the service runs: the image ID or repo@sha256:...
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +56,7 @@ class ServiceResult:
             "action": self.action,
             "tasks": self.tasks,
             "healthy_after_s": round(self.waited_s, 2),
+            "bound_to": self.bound,
         }
 
 
@@ -81,45 +69,6 @@ def _manager(client: Any) -> None:
         )
 
 
-def constraint(target: str) -> str:
-    return f"node.labels.{NODE_LABEL}=={target}"
-
-
-def _spec(facts: ImageFacts, name: str, opts: ServiceOptions) -> dict[str, Any]:
-    import docker.types as t
-
-    gpu = gpu_run(facts.target)
-    resources = None
-    if opts.memory or opts.cpus or gpu.device_requests:
-        resources = t.Resources(
-            mem_limit=memory_bytes(opts.memory) if opts.memory else None,
-            cpu_limit=int(opts.cpus * 1e9) if opts.cpus else None,
-            generic_resources={"NVIDIA-GPU": 1} if gpu.device_requests else None,
-        )
-    mode = t.ServiceMode("global") if opts.replicas is None else t.ServiceMode("replicated", opts.replicas)
-    return {
-        "image": facts.ref,
-        "env": [f"{k}={v}" for k, v in {facts.port_env: str(opts.port), **opts.env}.items()],
-        "constraints": [constraint(facts.target)],
-        "mode": mode,
-        "networks": [opts.network] if opts.network else None,
-        "update_config": t.UpdateConfig(
-            parallelism=1, order="stop-first", failure_action="rollback", monitor=int(opts.monitor_s * 1e9)
-        ),
-        "rollback_config": t.RollbackConfig(
-            parallelism=1, order="stop-first", monitor=int(opts.monitor_s * 1e9)
-        ),
-        "restart_policy": t.RestartPolicy(condition="any", delay=int(1e9)),
-        "read_only": True,
-        "mounts": [
-            t.Mount(target="/tmp", source=None, type="tmpfs"),
-            t.Mount(target=facts.cache_dir, source=f"veo-edge-cache-{name}", type="volume"),
-        ],
-        "resources": resources,
-        "labels": {"io.veo-edge.deploy.image": facts.ref, "io.veo-edge.target": facts.target},
-    }
-
-
 def _tasks(service: Any) -> list[dict[str, Any]]:
     out = []
     for task in service.tasks():
@@ -129,7 +78,7 @@ def _tasks(service: Any) -> list[dict[str, Any]]:
             {
                 "id": task["ID"][:12],
                 "slot": task.get("Slot"),
-                "image": (spec.get("Image") or "").split("@")[0],
+                "image": spec.get("Image") or "",
                 "desired": task.get("DesiredState"),
                 "state": status.get("State"),
                 "error": status.get("Err"),
@@ -166,8 +115,10 @@ def deploy_service(
     opts: ServiceOptions,
     timeout: float,
     progress: SwarmProgress | None = None,
+    image: str | None = None,
 ) -> ServiceResult:
-    """Create or update the service ``name`` and wait until every wanted task is running and healthy."""
+    """Create or update the service ``name`` on ``image`` (default: the image's ID; a ``repo@sha256:``
+    reference when it went through a registry) and wait until every wanted task is running and healthy."""
     from docker.errors import APIError, NotFound
 
     check_name(name)
@@ -177,7 +128,8 @@ def deploy_service(
         raise UsageError(
             f"image {facts.ref} has no HEALTHCHECK, so the swarm cannot gate its rollout on health"
         )
-    spec = _spec(facts, name, opts)
+    bound = image or facts.image_id
+    spec = service_spec(facts, name, opts, bound)
     try:
         service = client.services.get(name)
     except NotFound:
@@ -191,7 +143,7 @@ def deploy_service(
             action = "updated"
     except APIError as e:
         raise DeployError(f"the swarm refused service {name}: {e.explanation or e}") from e
-    return _wait(client, service, facts, opts, action, timeout, progress)
+    return _wait(client, service, facts, bound, opts, action, timeout, progress)
 
 
 def _wanted(client: Any, opts: ServiceOptions, target: str) -> int:
@@ -205,6 +157,7 @@ def _wait(
     client: Any,
     service: Any,
     facts: ImageFacts,
+    bound: str,
     opts: ServiceOptions,
     action: str,
     timeout: float,
@@ -244,13 +197,11 @@ def _wait(
                 f"label a node: docker node update --label-add {NODE_LABEL}={facts.target} NODE)"
             )
         good = [
-            t
-            for t in current
-            if t["state"] == "running" and t["health"] == "healthy" and t["image"] == facts.ref
+            t for t in current if t["state"] == "running" and t["health"] == "healthy" and t["image"] == bound
         ]
         updating = ustate == "updating"
         if len(good) >= wanted and not updating:
-            return ServiceResult(service.name, facts.ref, action, tasks, waited)
+            return ServiceResult(service.name, facts.ref, action, tasks, waited, bound)
         if waited >= timeout:
             raise UnhealthyReleaseError(
                 f"service {service.name} was not healthy within {timeout:g} s ({len(good)}/{wanted} tasks "
@@ -275,9 +226,8 @@ def service_status(client: Any, name: str) -> dict[str, Any]:
     spec = service.attrs.get("Spec") or {}
     return {
         "service": name,
-        "image": (((spec.get("TaskTemplate") or {}).get("ContainerSpec") or {}).get("Image") or "").split(
-            "@"
-        )[0],
+        "image": (spec.get("Labels") or {}).get("io.veo-edge.deploy.image"),
+        "bound_to": ((spec.get("TaskTemplate") or {}).get("ContainerSpec") or {}).get("Image"),
         "update_status": service.attrs.get("UpdateStatus"),
         "tasks": _tasks(service),
     }
@@ -285,7 +235,8 @@ def service_status(client: Any, name: str) -> dict[str, Any]:
 
 def rollback_service(client: Any, name: str, timeout: float, progress: SwarmProgress | None = None) -> dict:
     """Ask the swarm to roll the service back to its previous spec and wait for it to settle."""
-    from docker.errors import APIError, NotFound
+    import requests
+    from docker.errors import APIError, NotFound, create_api_error_from_http_exception
 
     _manager(client)
     try:
@@ -296,11 +247,16 @@ def rollback_service(client: Any, name: str, timeout: float, progress: SwarmProg
         raise DeployError(f"service {name} has no previous spec to roll back to (it was never updated)")
     api = client.api
     try:
-        # the Engine API's own rollback (what `docker service rollback` calls): update with rollback=previous;
-        # the SDK has no public call for it (module docstring)
-        url = api._url("/services/{0}/update", service.id)
-        params = {"version": service.version, "rollback": "previous"}
-        api._raise_for_status(api._post_json(url, data=service.attrs["Spec"], params=params))
+        # the Engine API's rollback (module docstring), through the SDK's public requests.Session
+        response = api.post(
+            f"{api.base_url}/v{api.api_version}/services/{service.id}/update",
+            params={"version": service.version, "rollback": "previous"},
+            json=service.attrs["Spec"],
+        )
+        try:
+            response.raise_for_status()
+        except requests.exceptions.HTTPError as e:
+            create_api_error_from_http_exception(e)  # raises the SDK's APIError
     except APIError as e:
         raise DeployError(f"the swarm refused to roll back {name}: {e.explanation or e}") from e
     start = time.monotonic()

@@ -2,8 +2,11 @@
 
 An image is made in two builds: the context's Dockerfile (the engine's output streamed line by line into
 the progress display), then a last layer, ``trust/``, with the manifest of every file the first build
-baked under ``/opt/veo-edge`` (read back from the engine), its DSSE signature and the public key, and
-the labels that name the manifest's sha256 and the key's fingerprint.
+baked under ``/opt/veo-edge`` (read back from the engine), its DSSE signature and the public key (for
+the in-container check, which cannot see the image's config), and the labels that name the manifest's
+sha256 and the key's fingerprint. Then the image itself is signed: its ID, by :mod:`.attest`, beside it
+(a ``<repo>:sha256-<id>.sig`` signature image and a detached file in the context); ``veo-edge verify
+IMAGE`` is :mod:`.imagetrust`.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from veo_edge.errors import EngineUnreachableError, ImageBuildError, ImageTrustError, PackagingError
+from veo_edge.packaging import attest, signing
 from veo_edge.packaging import manifest as im
-from veo_edge.packaging import signing
 from veo_edge.packaging.context import Context
 
 Progress = Callable[[str], None]
@@ -31,8 +34,24 @@ LABEL_MANIFEST = "io.veo-edge.manifest.sha256"
 LABEL_KEY = "io.veo-edge.signing-key.fingerprint"
 
 
+def refuse_plain_tcp() -> None:
+    """DOCKER_HOST=tcp://... without DOCKER_TLS_VERIFY=1 is a Docker engine on unencrypted, unauthenticated
+    TCP (root on that machine for anyone who reaches it, and images that anyone on the way can swap):
+    refused, as ``deploy --to tcp://`` refuses it."""
+    from veo_edge.errors import InsecureEngineError
+
+    host = os.environ.get("DOCKER_HOST", "")
+    if host.startswith("tcp://") and os.environ.get("DOCKER_TLS_VERIFY", "") in ("", "0"):
+        raise InsecureEngineError(
+            f"refusing DOCKER_HOST={host} without TLS: a Docker engine on plain TCP gives root on that machine "
+            "to anyone who can reach it; serve it with dockerd --tlsverify and set DOCKER_TLS_VERIFY=1 and "
+            "DOCKER_CERT_PATH, or use unix:// or ssh://"
+        )
+
+
 def connect(timeout: int = 600):
     """A Docker SDK client for DOCKER_HOST (or the default socket), checked with a ping."""
+    refuse_plain_tcp()
     try:
         import docker
     except ImportError as e:
@@ -104,6 +123,9 @@ class BuiltImage:
     manifest: dict[str, Any]
     labels: dict[str, str]
     saved: Path | None = None
+    #: the signature over the image ID: the signature image's tag and the detached file
+    signature_tag: str | None = None
+    signature_file: Path | None = None
 
 
 def build_image(
@@ -182,13 +204,29 @@ def build_image(
             )
             for p in trust.iterdir():  # next to the image as well as inside it
                 shutil.copy2(p, ctx.path / p.name)
+        sig_tag = sig_file = None
+        if private is not None:
+            # the signature of what runs: the final image's ID (its config: entrypoint, env, user,
+            # labels, every layer), beside the image, never inside it (attest.py)
+            repo = attest.repo_of(tag)
+            envelope = attest.sign_image(final, repo, raw, info, private)
+            sig_file = ctx.path / attest.SIGNATURE_FILE
+            sig_file.write_bytes(envelope)
+            sig_tag = attest.store_signature_image(client, repo, final, envelope)
+            say(f"image: signed image ID {final} -> {sig_tag} and {sig_file}")
     except docker.errors.APIError as e:
         raise ImageBuildError(
             f"the Docker engine refused the build of {ctx.path}: {e.explanation or e}"
         ) from e
     img = client.images.get(final)
     built = BuiltImage(
-        tag=tag, id=final, size=int(img.attrs["Size"]), manifest=json.loads(raw), labels=dict(img.labels)
+        tag=tag,
+        id=final,
+        size=int(img.attrs["Size"]),
+        manifest=json.loads(raw),
+        labels=dict(img.labels),
+        signature_tag=sig_tag,
+        signature_file=sig_file,
     )
     if save is not None:
         built.saved = save_image(client, tag, Path(save), say)
@@ -211,24 +249,3 @@ def save_image(client, tag: str, dest: Path, say: Progress) -> Path:
         part.unlink(missing_ok=True)
         raise ImageBuildError(f"saving {tag} to {dest} failed: {e}") from e
     return dest
-
-
-def verify_image(image: str, trusted_key: str | None = None, client=None) -> dict[str, Any]:
-    """``veo-edge verify IMAGE``: the image's files against its manifest and signature, and its
-    labels against the manifest, read through the engine without running the image."""
-    client = client or connect()
-    entries, trust = _read_root(client, image)
-    report = im.check(entries, trust, f"image {image}", trusted_key)
-    labels = client.images.get(image).labels or {}
-    raw = trust[im.MANIFEST_FILE]
-    if labels.get(LABEL_MANIFEST) != hashlib.sha256(raw).hexdigest():
-        raise ImageTrustError(
-            f"image {image}: label {LABEL_MANIFEST} is {labels.get(LABEL_MANIFEST)!r}, the baked manifest's "
-            f"sha256 is {hashlib.sha256(raw).hexdigest()}"
-        )
-    if labels.get(LABEL_KEY) != report["signed_by"]:
-        raise ImageTrustError(
-            f"image {image}: label {LABEL_KEY} is {labels.get(LABEL_KEY)!r}, the manifest is signed by "
-            f"{report['signed_by']!r}"
-        )
-    return {**report, "labels": labels}

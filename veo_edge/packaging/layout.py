@@ -17,7 +17,16 @@ from pathlib import Path
 #: the folder inside the ``veo_edge`` package that holds a wheel's copy
 PACKAGED_DIR = "_image_sources"
 
-SELINUX_SOURCES = ("veo_edge.te", "veo_edge.fc", "veo_edge.if", "README.md")
+SELINUX_SOURCES = (
+    "veo_edge.te",
+    "veo_edge.fc",
+    "veo_edge.if",
+    "README.md",
+    "refpolicy-compat.spt",
+    "container-selinux/container.if",
+    "container-selinux/LICENSE",
+    "container-selinux/README.md",
+)
 
 #: single files, relative to the repository root
 FILES = (

@@ -33,6 +33,8 @@ PUBKEY_FILE = f"{TRUST_DIR}/signing-key.pub.pem"
 TRUST_FILES = (MANIFEST_FILE, SIGNATURE_FILE, PUBKEY_FILE)
 #: the run-time pin of the signing key: a fingerprint (sha256:...) or a PEM public key file
 TRUSTED_KEY_ENV = "VEO_EDGE_TRUSTED_KEY"
+#: the run-time opt-out (deploy --allow-unsigned sets it): unsigned images start, loudly
+ALLOW_UNSIGNED_ENV = "VEO_EDGE_ALLOW_UNSIGNED"
 
 
 @dataclass(frozen=True)
@@ -113,16 +115,24 @@ def scan_tar(chunks: Iterator[bytes], top: str) -> tuple[dict[str, Entry], dict[
             if _in_trust(rel):
                 f = tar.extractfile(m) if m.isfile() else None
                 trust[rel] = f.read() if f is not None else b""
+                if m.islnk():  # the bytes of the member it names, as the disk would show them
+                    trust[rel] = trust.get(m.linkname[len(top) :].lstrip("/"), b"")
             elif m.issym():
                 entries[rel] = Entry(rel, None, 0, m.linkname)
             elif m.isfile():
                 digest, n = _sha256_stream(tar.extractfile(m))
                 entries[rel] = Entry(rel, digest, n)
             elif m.islnk():
-                # a hard link in the archive: the same bytes as the member it names
-                target = m.linkname[len(top) :].lstrip("/")
-                if target in entries:
+                # a hard link is a regular file on disk (scan_dir hashes it as one): the same bytes as
+                # the member it names; a link to something this archive did not carry cannot be hashed,
+                # so it is recorded as such and fails the check instead of vanishing
+                target = m.linkname[len(top) :].lstrip("/") if m.linkname.startswith(top) else None
+                if target is not None and target in entries and entries[target].sha256 is not None:
                     entries[rel] = Entry(rel, entries[target].sha256, entries[target].bytes)
+                elif target is not None and target in trust:
+                    entries[rel] = Entry(rel, hashlib.sha256(trust[target]).hexdigest(), len(trust[target]))
+                else:
+                    entries[rel] = Entry(rel, None, 0, f"<hard link to {m.linkname}>")
             else:
                 entries[rel] = Entry(rel, None, 0, f"<{m.type!r}>")
     return entries, trust
@@ -136,9 +146,11 @@ def make_manifest(entries: dict[str, Entry], info: dict[str, Any]) -> bytes:
     return (json.dumps(body, sort_keys=True, indent=0) + "\n").encode()
 
 
-def _trusted_fingerprint(trusted: str | None) -> str | None:
-    """``trusted`` (or $VEO_EDGE_TRUSTED_KEY) as a fingerprint: given as one, or a PEM public key file."""
-    trusted = trusted if trusted is not None else os.environ.get(TRUSTED_KEY_ENV) or None
+def trusted_fingerprint(trusted: str | None, env: bool = True) -> str | None:
+    """``trusted`` (else, with ``env``, $VEO_EDGE_TRUSTED_KEY) as a fingerprint: given as one, or a PEM
+    public key file."""
+    if trusted is None and env:
+        trusted = os.environ.get(TRUSTED_KEY_ENV) or None
     if trusted is None or trusted.startswith("sha256:"):
         return trusted
     path = Path(trusted)
@@ -152,10 +164,16 @@ def _trusted_fingerprint(trusted: str | None) -> str | None:
 
 
 def check(
-    entries: dict[str, Entry], trust: dict[str, bytes], source: str, trusted_key: str | None = None
+    entries: dict[str, Entry],
+    trust: dict[str, bytes],
+    source: str,
+    trusted_key: str | None = None,
+    allow_unsigned: bool = False,
 ) -> dict[str, Any]:
     """Verify ``entries`` against the manifest in ``trust`` and its signature; returns a report, raises
-    :class:`ImageTrustError` (one line: what differs, how many, what to do) on any mismatch."""
+    :class:`ImageTrustError` (one line: what differs, how many, what to do) on any mismatch. An unsigned
+    manifest is refused unless ``allow_unsigned``; ``trusted_key`` (a fingerprint or PEM file, else
+    $VEO_EDGE_TRUSTED_KEY) must be its signer when given."""
     raw = trust.get(MANIFEST_FILE)
     if raw is None:
         raise ImageTrustError(
@@ -173,12 +191,18 @@ def check(
 
     # the signature first: a forged manifest must not get as far as being believed
     signer = manifest.get("signing_key")
-    pinned = _trusted_fingerprint(trusted_key)
+    pinned = trusted_fingerprint(trusted_key)
     if signer is None:
         if pinned is not None:
             raise ImageTrustError(
                 f"{source} is unsigned, but key {pinned} is required ({TRUSTED_KEY_ENV} or --key); "
                 "rebuild it with --sign-key"
+            )
+        if not allow_unsigned:
+            raise ImageTrustError(
+                f"{source} is unsigned; build it with `veo-edge build --target ...` (it signs with "
+                f"--sign-key or your local key), or accept it knowingly with {ALLOW_UNSIGNED_ENV}=1 "
+                "(--allow-unsigned)"
             )
     else:
         if SIGNATURE_FILE not in trust or PUBKEY_FILE not in trust:
@@ -231,7 +255,37 @@ def check(
     }
 
 
-def verify_root(root: Path = Path(IMAGE_ROOT), trusted_key: str | None = None) -> dict[str, Any]:
-    """The entrypoint's check: the image root on disk against its manifest and signature."""
+def verify_root(
+    root: Path = Path(IMAGE_ROOT),
+    trusted_key: str | None = None,
+    cache: Path | None = None,
+    allow_unsigned: bool = False,
+) -> dict[str, Any]:
+    """The entrypoint's check: the image root on disk against its manifest and signature, and, with
+    ``cache``, the cache volume against what the image writes there (:mod:`.cachecheck`). Unsigned
+    images pass only with ``allow_unsigned`` or $VEO_EDGE_ALLOW_UNSIGNED=1."""
+    allow = allow_unsigned or os.environ.get(ALLOW_UNSIGNED_ENV, "") == "1"
     entries, trust = scan_dir(Path(root))
-    return check(entries, trust, str(root), trusted_key)
+    report = check(entries, trust, str(root), trusted_key, allow_unsigned=allow)
+    if cache is not None:
+        report["cache"] = check_cache(cache_items=None, cache_dir=Path(cache), trust=trust, source=str(cache))
+    return report
+
+
+def check_cache(
+    cache_items: list | None, trust: dict[str, bytes], source: str, cache_dir: Path | None = None
+) -> dict[str, Any]:
+    """Refuse a cache volume holding what the image would not write there (see :mod:`.cachecheck`)."""
+    from veo_edge.packaging import cachecheck
+
+    raw = trust[MANIFEST_FILE]
+    items = cache_items if cache_items is not None else cachecheck.scan_dir(Path(cache_dir or "."))
+    digest = hashlib.sha256(raw).hexdigest()
+    found = cachecheck.problems(items, json.loads(raw), digest)
+    if found:
+        more = f" (and {len(found) - 1} more: {'; '.join(found[1:4])})" if len(found) > 1 else ""
+        raise ImageTrustError(
+            f"{source}: the cache volume holds files the image did not write: {found[0]}{more}; nothing "
+            "was run. Inspect the volume, then remove those files (or the volume) and start again"
+        )
+    return {"ok": True, "entries": len(items), "engine_dir": cachecheck.key_dir(digest)}

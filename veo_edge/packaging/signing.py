@@ -84,40 +84,50 @@ def _sslib_key(public_key: Any):
     return SSlibKey.from_crypto(public_key, keyid=fingerprint(public_key))
 
 
-def sign(payload: bytes, private_key: Any) -> dict[str, Any]:
+def sign(payload: bytes, private_key: Any, payload_type: str = PAYLOAD_TYPE) -> dict[str, Any]:
     """The DSSE envelope (as its JSON dict) of ``payload`` signed by ``private_key``."""
     from securesystemslib.dsse import Envelope
     from securesystemslib.signer import CryptoSigner
 
     signer = CryptoSigner(private_key, _sslib_key(private_key.public_key()))
-    envelope = Envelope(payload=payload, payload_type=PAYLOAD_TYPE, signatures={})
+    envelope = Envelope(payload=payload, payload_type=payload_type, signatures={})
     envelope.sign(signer)
     return envelope.to_dict()
+
+
+def open_envelope(envelope_json: bytes, source: str, payload_type: str = PAYLOAD_TYPE):
+    """The DSSE envelope in ``envelope_json`` (its payload NOT yet trusted: see :func:`verify_signed`)."""
+    from securesystemslib.dsse import Envelope
+
+    try:
+        envelope = Envelope.from_dict(json.loads(envelope_json))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ImageTrustError(f"{source}: the signature envelope is not a DSSE envelope ({e})") from e
+    if envelope.payload_type != payload_type:
+        raise ImageTrustError(
+            f"{source}: the envelope's payloadType is {envelope.payload_type!r}, expected {payload_type!r}"
+        )
+    return envelope
 
 
 def verify_envelope(envelope_json: bytes, payload: bytes, public_key: Any, source: str) -> str:
     """Check that the envelope carries exactly ``payload`` with a valid signature by ``public_key``;
     returns the key's fingerprint. Any failure is an :class:`ImageTrustError` naming ``source``."""
-    from securesystemslib.dsse import Envelope
-    from securesystemslib.exceptions import VerificationError
-
-    try:
-        envelope = Envelope.from_dict(json.loads(envelope_json))
-    except (ValueError, KeyError, TypeError) as e:
-        raise ImageTrustError(f"{source}: the signature envelope is not a DSSE envelope ({e})") from e
-    if envelope.payload_type != PAYLOAD_TYPE:
-        raise ImageTrustError(
-            f"{source}: the envelope's payloadType is {envelope.payload_type!r}, expected {PAYLOAD_TYPE!r}"
-        )
+    envelope = open_envelope(envelope_json, source)
     if envelope.payload != payload:
         raise ImageTrustError(
             f"{source}: the signed payload is not the image manifest (the manifest was changed after signing)"
         )
+    return verify_signed(envelope, public_key, source)
+
+
+def verify_signed(envelope: Any, public_key: Any, source: str) -> str:
+    """Check the envelope's signature by ``public_key``; returns the key's fingerprint."""
+    from securesystemslib.exceptions import VerificationError
+
     key = _sslib_key(public_key)
     try:
         envelope.verify([key], 1)
     except VerificationError as e:
-        raise ImageTrustError(
-            f"{source}: the manifest signature does not verify with key {key.keyid} ({e})"
-        ) from e
+        raise ImageTrustError(f"{source}: the signature does not verify with key {key.keyid} ({e})") from e
     return key.keyid

@@ -42,7 +42,7 @@ def check_free(host: str, ports: dict[str, int | None]) -> None:
     taken; the binds that follow stay the real test (and clean up after themselves)."""
     what = {"--port": "HTTP", "--grpc-port": "gRPC", "--metrics-port": "metrics"}
     for flag, port in ports.items():
-        if port:
+        if port and port > 0:  # -1: the metrics port is off
             bind_http(host, port, what=what.get(flag, flag), flag=flag).close()
 
 

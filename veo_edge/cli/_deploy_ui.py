@@ -1,0 +1,77 @@
+"""The live displays of ``veo-edge deploy`` on stderr: a transfer progress bar, a one-line health status,
+and signals that interrupt a deploy the way Ctrl-C does (so the previous release is restored)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+
+
+@contextlib.contextmanager
+def interrupt_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a dropped ssh session) raise KeyboardInterrupt, as Ctrl-C does: the deploy
+    restores the previous release before it exits."""
+
+    def _raise(signum, _frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    saved = {s: signal.signal(s, _raise) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+class Bar:
+    """A transfer progress bar on stderr (nothing with --json)."""
+
+    def __init__(self, out, description: str, quiet: bool) -> None:
+        self.out, self.description, self.quiet = out, description, quiet
+        self.progress = None
+        self.task = None
+
+    def __enter__(self):
+        if self.quiet:
+            return None
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            console=self.out,
+        )
+        self.progress.start()
+        self.task = self.progress.add_task(self.description, total=None)
+
+        def tick(done: int, total: int | None) -> None:
+            # the image size is an estimate of the stream's length: never show more than 100 %
+            self.progress.update(self.task, completed=done, total=max(total, done) if total else None)
+
+        return tick
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+class Status:
+    """A one-line live status on stderr while waiting for health (nothing with --json)."""
+
+    def __init__(self, out, description: str, quiet: bool) -> None:
+        self.out, self.description, self.quiet = out, description, quiet
+        self.live = None
+
+    def __enter__(self):
+        if self.quiet:
+            return lambda text: None
+        self.live = self.out.status(self.description)
+        self.live.start()
+        return lambda text: self.live.update(f"{self.description}: {text}")
+
+    def __exit__(self, *exc) -> None:
+        if self.live is not None:
+            self.live.stop()

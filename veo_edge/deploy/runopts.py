@@ -1,0 +1,116 @@
+"""How a release container runs on a device: least privilege by default, one flag to relax each part.
+
+| default | relaxed by |
+| --- | --- |
+| every capability dropped (``cap_drop=ALL``) | ``--cap-add CAP`` (repeatable) |
+| ``no-new-privileges`` (setuid binaries gain nothing) | ``--allow-privilege-escalation`` |
+| the explicit non-root user ``10001:10001`` (the image's ``veo`` user) | ``--user UID:GID`` |
+| at most 1024 processes and threads (``pids_limit``) | ``--pids-limit N`` (0: no limit) |
+| one GPU on x86 GPU targets (a device request for 1) | ``--gpus N``, ``--gpus all``, ``--gpus 0,2`` |
+| read-only root, a 64 MiB ``/tmp`` tmpfs, the cache volume the only other writable place | (none) |
+
+Jetson's GPU comes through ``--runtime nvidia`` (all of its one integrated GPU); cpu targets get none.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from veo_edge.deploy.profiles import ImageFacts, gpu_run
+from veo_edge.errors import UsageError
+
+DEFAULT_USER = "10001:10001"
+DEFAULT_PIDS_LIMIT = 1024
+LABEL_DEPLOY = "io.veo-edge.deploy.name"
+LABEL_IMAGE = "io.veo-edge.deploy.image"
+#: the journal: the container a new release replaces (its id), on the new release's container
+LABEL_REPLACES = "io.veo-edge.deploy.replaces"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a release container runs on the device (defaults: what an edge device wants)."""
+
+    port: int = 8000
+    network: str = "host"
+    selinux_type: str | None = None
+    memory: str | None = None  # e.g. "2g"
+    cpus: float | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    cache_volume: str | None = None  # default: veo-edge-cache-NAME
+    stop_timeout: int = 30
+    user: str = DEFAULT_USER
+    cap_add: tuple[str, ...] = ()
+    privilege_escalation: bool = False
+    pids_limit: int = DEFAULT_PIDS_LIMIT
+    gpus: str = "1"
+    #: a volume holding the model-control token, mounted read-only at /run/secrets/veo-edge
+    secret_volume: str | None = None
+
+    def check(self) -> None:
+        if not 0 < self.port < 65536:
+            raise UsageError(f"--port {self.port} is not a TCP port (1..65535)")
+        if self.cpus is not None and self.cpus <= 0:
+            raise UsageError(f"--cpus {self.cpus} must be positive")
+        if self.pids_limit < 0:
+            raise UsageError(f"--pids-limit {self.pids_limit} must be 0 (no limit) or positive")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?", self.user):
+            raise UsageError(f"--user {self.user!r} is not UID[:GID] or NAME[:GROUP]")
+        gpu_request(self.gpus)
+
+    def volume(self, name: str) -> str:
+        return self.cache_volume or f"veo-edge-cache-{name}"
+
+
+def gpu_request(gpus: str) -> dict[str, Any]:
+    """``--gpus``: ``all``, a count, or device indices ``0,2`` -> DeviceRequest arguments."""
+    g = str(gpus).strip()
+    if g == "all":
+        return {"count": -1}
+    if re.fullmatch(r"\d+", g) and int(g) > 0:
+        return {"count": int(g)}
+    if re.fullmatch(r"(device=)?\d+(,\d+)*", g):
+        return {"device_ids": g.removeprefix("device=").split(",")}
+    raise UsageError(f"--gpus {gpus!r}: give a count (1), 'all', or device indices (0,2)")
+
+
+def container_kwargs(facts: ImageFacts, name: str, opts: RunOptions, replaces: str = "") -> dict[str, Any]:
+    """The Docker SDK ``containers.run`` arguments of a release (by image ID: never a tag)."""
+    from docker.types import DeviceRequest
+
+    gpu = gpu_run(facts.target)
+    security = [] if opts.privilege_escalation else ["no-new-privileges:true"]
+    if opts.selinux_type:
+        security.append(f"label=type:{opts.selinux_type}")
+    kw: dict[str, Any] = {
+        "name": name,
+        "detach": True,
+        "read_only": True,
+        "tmpfs": {"/tmp": "rw,nosuid,nodev,size=64m"},
+        "restart_policy": {"Name": "unless-stopped"},
+        "network_mode": opts.network,
+        "environment": {facts.port_env: str(opts.port), **opts.env},
+        "labels": {LABEL_DEPLOY: name, LABEL_IMAGE: facts.ref, LABEL_REPLACES: replaces},
+        "volumes": {opts.volume(name): {"bind": facts.cache_dir, "mode": "rw"}},
+        "user": opts.user,
+        "cap_drop": ["ALL"],
+        "security_opt": security,
+        "stop_signal": "SIGTERM",
+    }
+    if opts.secret_volume:
+        kw["volumes"][opts.secret_volume] = {"bind": "/run/secrets/veo-edge", "mode": "ro"}
+    if opts.cap_add:
+        kw["cap_add"] = list(opts.cap_add)
+    if opts.pids_limit:
+        kw["pids_limit"] = opts.pids_limit
+    if gpu.runtime:
+        kw["runtime"] = gpu.runtime
+    if gpu.device_requests:
+        kw["device_requests"] = [DeviceRequest(capabilities=[["gpu"]], **gpu_request(opts.gpus))]
+    if opts.memory:
+        kw["mem_limit"] = opts.memory
+    if opts.cpus:
+        kw["nano_cpus"] = int(opts.cpus * 1e9)
+    return kw

@@ -1,0 +1,120 @@
+"""The Swarm service of a release: placement, update and rollback policy, least privilege, and one port
+per replica when several share a node's network.
+
+Least privilege as on one device (:mod:`.runopts`): every capability dropped (``--cap-add`` relaxes),
+the explicit non-root user (``--user``), a pids limit (``--pids-limit``), read-only root with a tmpfs,
+one GPU (``--gpus N``) on x86 GPU targets. ``no-new-privileges`` is sent in the service's
+``Privileges`` (Engine API 1.46+, Docker 27+); older engines ignore that field and the service runs
+without it (``--allow-privilege-escalation`` leaves it out).
+
+Replicated services on the host network get ``VEO_EDGE_REPLICA_SLOT={{.Task.Slot}}``: each replica
+listens on ``--port`` + slot - 1 and its gRPC port on the gRPC base + slot - 1 (the base defaults to
+``--port`` + replicas, so the two ranges never overlap), and the healthcheck probes the same port. Swarm
+templates cannot add numbers, so the entrypoint and the healthcheck do it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from veo_edge.deploy.profiles import NODE_LABEL, ImageFacts, gpu_run, memory_bytes
+from veo_edge.deploy.runopts import DEFAULT_PIDS_LIMIT, DEFAULT_USER, gpu_request
+from veo_edge.errors import UsageError
+
+SLOT_ENV = "VEO_EDGE_REPLICA_SLOT"
+GRPC_PORT_ENV = "VEO_EDGE_GRPC_PORT"
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    replicas: int | None = 1  # None: global mode, one task per matching node
+    port: int = 8000
+    network: str = "host"
+    env: dict[str, str] = field(default_factory=dict)
+    monitor_s: float = 15.0
+    memory: str | None = None
+    cpus: float | None = None
+    user: str = DEFAULT_USER
+    cap_add: tuple[str, ...] = ()
+    privilege_escalation: bool = False
+    pids_limit: int = DEFAULT_PIDS_LIMIT
+    gpus: str = "1"
+    secrets: tuple[Any, ...] = ()  # docker.types.SecretReference
+
+    def check(self) -> None:
+        if self.replicas is not None and self.replicas < 1:
+            raise UsageError(f"--replicas {self.replicas} must be at least 1 (or use --global)")
+        if not 0 < self.port < 65536:
+            raise UsageError(f"--port {self.port} is not a TCP port (1..65535)")
+        if self.pids_limit < 0:
+            raise UsageError(f"--pids-limit {self.pids_limit} must be 0 (no limit) or positive")
+        if self.gpus != "all" and "count" not in gpu_request(self.gpus):
+            raise UsageError(f"--gpus {self.gpus!r}: a swarm service asks for a count of GPUs, not indices")
+        top = self.port + (self.replicas or 1) * (2 if self.slotted else 1) - 1
+        if top > 65535:
+            raise UsageError(f"--port {self.port} with {self.replicas} replicas runs past port 65535")
+
+    @property
+    def slotted(self) -> bool:
+        """Replicas share the node's network: one port per slot."""
+        return self.replicas is not None and self.network == "host"
+
+
+def constraint(target: str) -> str:
+    return f"node.labels.{NODE_LABEL}=={target}"
+
+
+def _env(facts: ImageFacts, opts: ServiceOptions) -> list[str]:
+    env = {facts.port_env: str(opts.port)}
+    if opts.slotted:
+        env[SLOT_ENV] = "{{.Task.Slot}}"
+        if (opts.replicas or 1) > 1:
+            env[GRPC_PORT_ENV] = str(opts.port + (opts.replicas or 1))
+    env.update(opts.env)
+    return [f"{k}={v}" for k, v in env.items()]
+
+
+def service_spec(facts: ImageFacts, name: str, opts: ServiceOptions, image: str) -> dict[str, Any]:
+    """The ``client.services.create`` / ``Service.update`` arguments of a release on ``image``."""
+    import docker.types as t
+
+    gpu = gpu_run(facts.target)
+    gpus = gpu_request(opts.gpus).get("count", 1) if gpu.device_requests else 0
+    resources = t.Resources(
+        mem_limit=memory_bytes(opts.memory) if opts.memory else None,
+        cpu_limit=int(opts.cpus * 1e9) if opts.cpus else None,
+        generic_resources={"NVIDIA-GPU": gpus} if gpus > 0 else None,
+    )
+    if opts.pids_limit:
+        resources.setdefault("Limits", {})["Pids"] = opts.pids_limit
+    privileges = t.Privileges()
+    if not opts.privilege_escalation:
+        privileges["NoNewPrivileges"] = True
+    mode = t.ServiceMode("global") if opts.replicas is None else t.ServiceMode("replicated", opts.replicas)
+    return {
+        "image": image,
+        "env": _env(facts, opts),
+        "constraints": [constraint(facts.target)],
+        "mode": mode,
+        "networks": [opts.network] if opts.network else None,
+        "update_config": t.UpdateConfig(
+            parallelism=1, order="stop-first", failure_action="rollback", monitor=int(opts.monitor_s * 1e9)
+        ),
+        "rollback_config": t.RollbackConfig(
+            parallelism=1, order="stop-first", monitor=int(opts.monitor_s * 1e9)
+        ),
+        "restart_policy": t.RestartPolicy(condition="any", delay=int(1e9)),
+        "read_only": True,
+        "user": opts.user,
+        "cap_drop": ["ALL"],
+        "cap_add": list(opts.cap_add) or None,
+        "privileges": privileges or None,
+        "secrets": list(opts.secrets) or None,
+        "mounts": [
+            t.Mount(target="/tmp", source=None, type="tmpfs"),
+            t.Mount(target=facts.cache_dir, source=f"veo-edge-cache-{name}", type="volume"),
+        ],
+        "resources": resources,
+        "labels": {"io.veo-edge.deploy.image": facts.ref, "io.veo-edge.target": facts.target},
+    }

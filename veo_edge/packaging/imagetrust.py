@@ -1,0 +1,173 @@
+"""``veo-edge verify IMAGE`` and the deploy's check: is this image, by its ID, the one the trusted key
+signed, and do its baked files still match the in-image manifest? Read through the engine; nothing of
+the image runs.
+
+Which key is trusted (the pin), first found: ``--key``/``--verify-key``, ``$VEO_EDGE_TRUSTED_KEY``, the
+local key ``veo-edge build`` made on this machine (:mod:`.localkey`). Refused by default: an image with
+no signature (no ``--signature`` file and no ``<repo>:sha256-<id>.sig`` image on the engine), one signed
+by another key, one whose ID is not the signed ID (any change to its config or layers), and any check
+without a pin. ``allow_unsigned`` turns each refusal into a warning in the report, for the caller to
+print loudly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from veo_edge.errors import ImageTrustError
+from veo_edge.packaging import attest, localkey
+from veo_edge.packaging import manifest as im
+
+
+def resolve_pin(explicit: str | None) -> tuple[str | None, str]:
+    """The trusted key's fingerprint and where it came from (None, "none": no key anywhere)."""
+    import os
+
+    if explicit is not None:
+        return im.trusted_fingerprint(str(explicit), env=False), f"--key {explicit}"
+    if os.environ.get(im.TRUSTED_KEY_ENV):
+        return im.trusted_fingerprint(None), f"${im.TRUSTED_KEY_ENV}"
+    local = localkey.fingerprint()
+    if local is not None:
+        return local, f"the local key {localkey.public_path()}"
+    return None, "none"
+
+
+def _reader(client: Any, image: str, path: str = im.IMAGE_ROOT, volume: str | None = None):
+    """A created, never started, container of ``image`` (with ``volume`` mounted read-only at ``path``)
+    to read ``path`` from with ``get_archive``; the caller removes it."""
+    import docker
+
+    kw: dict[str, Any] = {"entrypoint": ["/bin/true"], "network_disabled": True}
+    if volume is not None:
+        kw["volumes"] = {volume: {"bind": path, "mode": "ro"}}
+    try:
+        container = client.containers.create(image, **kw)
+    except docker.errors.ImageNotFound as e:
+        raise ImageTrustError(f"image {image} is not in the engine; build or `docker load` it first") from e
+    return container
+
+
+def _scan_root(client: Any, image_id: str, ref: str):
+    import docker
+
+    container = _reader(client, image_id)
+    try:
+        bits, _ = container.get_archive(im.IMAGE_ROOT)
+        return im.scan_tar(bits, Path(im.IMAGE_ROOT).name)
+    except docker.errors.NotFound:
+        return None
+    finally:
+        container.remove(force=True)
+
+
+def scan_volume(client: Any, image_id: str, volume: str, mount: str):
+    """The cache volume's items, read through a created container of the (verified) image."""
+    from veo_edge.packaging import cachecheck
+
+    if not any(v.name == volume for v in client.volumes.list()):
+        return []
+    container = _reader(client, image_id, mount, volume)
+    try:
+        bits, _ = container.get_archive(mount)
+        return cachecheck.scan_tar(bits, Path(mount).name)
+    finally:
+        container.remove(force=True)
+
+
+def verify_image(
+    image: str,
+    trusted_key: str | None = None,
+    client: Any = None,
+    signature: Path | None = None,
+    allow_unsigned: bool = False,
+    cache_volume: str | None = None,
+    cache_mount: str = "/cache",
+) -> dict[str, Any]:
+    """The report of ``image``'s signature (over its ID), its baked files and, with ``cache_volume``,
+    that volume; raises :class:`ImageTrustError` on the first refusal (unless ``allow_unsigned``)."""
+    import docker
+
+    from veo_edge.packaging.image import connect
+
+    client = client or connect()
+    try:
+        img = client.images.get(image)
+    except docker.errors.ImageNotFound as e:
+        raise ImageTrustError(f"image {image} is not in the engine; build or `docker load` it first") from e
+    source = f"image {image} ({img.id[:19]})"
+    warnings: list[str] = []
+
+    def refuse(message: str) -> None:
+        if not allow_unsigned:
+            raise ImageTrustError(message)
+        warnings.append(message)
+
+    pinned, pin_from = resolve_pin(trusted_key)
+    if signature is not None:
+        try:
+            found: tuple[bytes, str] | None = (Path(signature).read_bytes(), f"--signature {signature}")
+        except OSError as e:
+            raise ImageTrustError(f"--signature {signature} cannot be read ({e})") from e
+    else:
+        found = attest.find_signature(client, image, img)
+    verified = None
+    if found is None:
+        others = attest.other_signatures(client, image, img)
+        changed = (
+            f"; {attest.repo_of(image)} has signatures for other image IDs only ({others[0]}...): this image "
+            "was changed after it was signed"
+            if others
+            else ""
+        )
+        refuse(
+            f"{source} is unsigned: no signature image {attest.signature_tag(attest.repo_of(image), img.id)} "
+            f"on the engine and no --signature file{changed}; build it with `veo-edge build --target ...` "
+            "(it signs), or pass --allow-unsigned to accept it knowingly"
+        )
+    elif pinned is None:
+        refuse(
+            f"{source}: no trusted key to check its signature against; pass --key KEY.pub.pem|sha256:..., "
+            f"set {im.TRUSTED_KEY_ENV}, or build on this machine (which makes the local key)"
+        )
+    else:
+        try:
+            verified = attest.verify(found[0], img.id, pinned, f"{source} ({found[1]})")
+        except ImageTrustError as e:
+            refuse(str(e))
+    signer = verified.signed_by if verified else None
+
+    scanned = _scan_root(client, img.id, image)
+    report: dict[str, Any] = {"source": source, "image_id": img.id, "ok": True, "files": 0, "bytes": 0}
+    if scanned is None:
+        refuse(f"{source} has no {im.IMAGE_ROOT}; it is not a veo-edge image")
+    else:
+        entries, trust = scanned
+        # the in-image manifest: signed by the same key as the image; unverified (allowed), by its own key
+        own = None
+        if verified is None and im.MANIFEST_FILE in trust:
+            try:
+                own = json.loads(trust[im.MANIFEST_FILE]).get("signing_key")
+            except ValueError:
+                own = None
+        report.update(im.check(entries, trust, source, signer or own, allow_unsigned=allow_unsigned))
+        raw = trust[im.MANIFEST_FILE]
+        if verified is not None and verified.manifest_sha256 != hashlib.sha256(raw).hexdigest():
+            refuse(f"{source}: the in-image manifest is not the one the image signature names")
+        if cache_volume is not None:
+            items = scan_volume(client, img.id, cache_volume, cache_mount)
+            report["cache"] = im.check_cache(items, trust, f"volume {cache_volume}")
+            report["cache"]["volume"] = cache_volume
+        report["in_image_manifest"] = json.loads(raw).get("schema")
+    report.update(
+        signed_by=signer,
+        pinned_key=pinned,
+        pinned_from=pin_from,
+        signature=found[1] if found else None,
+        warnings=warnings,
+        verified=verified is not None,
+    )
+    return report
