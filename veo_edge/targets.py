@@ -84,7 +84,7 @@ _COMMON = (
     "rich",
     "packaging",
     "prometheus-client",
-    "jsonschema",  # the build manifest is checked against its schema at every load
+    "jsonschema-rs",  # the build manifest is checked against its schema at every load
     # veo-edge serve: HTTP on uvicorn/httptools/uvloop, KServe v2 gRPC on grpcio with tritonclient's stubs
     "uvicorn",
     "httptools",

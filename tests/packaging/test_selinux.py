@@ -6,6 +6,7 @@ container files (its tmpfs and volumes), its host cache type and /proc/self."""
 from __future__ import annotations
 
 import bz2
+import os
 import re
 import shutil
 import subprocess
@@ -15,7 +16,9 @@ import pytest
 
 from veo_edge.packaging.selinux import compile_module
 
-BASE = Path("/usr/share/selinux/default/base.pp.bz2")  # Debian: selinux-policy-default
+#: the reference policy's base module (Debian: selinux-policy-default); .ci/run unpacks it from the package
+#: without installing it (whose postinst builds the whole policy, minutes) and names it here
+BASE = Path(os.environ.get("VEO_EDGE_SELINUX_BASE", "/usr/share/selinux/default/base.pp.bz2"))
 #: what container-selinux itself declares (container.te), which the module requires; a stub stands in
 STUB = """module stub 1.0;
 require { role system_r; }
