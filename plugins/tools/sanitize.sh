@@ -18,6 +18,6 @@ run() { # sanitizer, build targets, ctest filter
   cmake --build "$dir" -j"$jobs" --target $2 >/dev/null
   ctest --test-dir "$dir" --output-on-failure -j"$jobs" -R "$3"
 }
-run address,undefined "testMemPool testPluginConfig testAttentionTile" "."
+run address,undefined "testMemPool testMemPoolFences testMemPoolCuda testPluginConfig testAttentionTile" "."
 # TSan only adds something where threads are: the pool's threaded tests.
-run thread testMemPool "testMemPool\.(thread_safety|stream_ordered|waits_on|a_waited|cuda_special)"
+run thread "testMemPool testMemPoolFences" "testMemPool(Fences)?\.(thread_safety|stream_ordered|waits_on|a_waited|cuda_special)"

@@ -98,7 +98,7 @@ def tls_engine(docker_engine):
 def test_deploy_over_mutual_tls_and_refusals(docker_engine, tls_engine, test_images) -> None:
     engine, url, pki = tls_engine
     tls = ["--tls-ca", pki["ca"], "--tls-cert", pki["cert"], "--tls-key", pki["key"]]
-    r = veo("deploy", test_images["v1"], "--to", url, *tls, "--name", "tls-app", "--json",
+    r = veo("deploy", test_images["v1"], "--to", url, *tls, "--name", "tls-app", "--json", "--allow-unsigned",
             env={"DOCKER_HOST": docker_engine.host}, timeout=240)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["transfer"]["method"] == "stream"
@@ -109,7 +109,7 @@ def test_deploy_over_mutual_tls_and_refusals(docker_engine, tls_engine, test_ima
     assert r.returncode == 0 and json.loads(r.stdout)["current"]["health"] == "healthy", r.stderr
 
     # the same engine without TLS material: refused before any connection is tried
-    r = veo("deploy", test_images["v1"], "--to", url)
+    r = veo("deploy", test_images["v1"], "--to", url, "--allow-unsigned")
     assert r.returncode == 45 and "refusing plain" in r.stderr and "--tls-ca" in r.stderr
     # a CA that did not sign the engine's certificate: the engine is not trusted
     bad = ["--tls-ca", pki["other_ca"], "--tls-cert", pki["cert"], "--tls-key", pki["key"]]

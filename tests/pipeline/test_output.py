@@ -277,19 +277,18 @@ def test_a_killed_build_leaves_debris_that_the_next_build_reclaims(tmp_path):
 
 
 def test_no_backend_is_one_line_with_the_reasons_in_json_and_debug(nano_build):
-    faults = json.dumps({"openvino": {"fail_at_start": True}})
+    faults = json.dumps({"openvino": {"fail_at_start": True}, "onnxruntime": {"fail_at_start": True}})
     env = {"VEO_EDGE_FAULTS": faults}
     r = veo("infer", nano_build, env=env)
     assert r.returncode == 8, r.stderr
     line = one_line(r)
-    assert line.startswith(
-        f"error: no backend can run build {nano_build} (tried tensorrt, onnxruntime-cuda, openvino)"
-    )
+    tried = ["tensorrt", "onnxruntime-cuda", "openvino", "onnxruntime"]
+    assert line.startswith(f"error: no backend can run build {nano_build} (tried {', '.join(tried)})")
     assert "--json or --debug shows each backend's full reason" in line
     r = veo("infer", nano_build, "--json", env=env)
     report = json.loads(r.stdout)
-    assert report["exit_code"] == 8 and report["tried"] == ["tensorrt", "onnxruntime-cuda", "openvino"]
-    assert [s["backend"] for s in report["skipped"]] == ["tensorrt", "onnxruntime-cuda", "openvino"]
+    assert report["exit_code"] == 8 and report["tried"] == tried
+    assert [s["backend"] for s in report["skipped"]] == tried
     assert all(s["reason"] for s in report["skipped"])
     r = veo("--debug", "infer", nano_build, env=env)
     assert '"skipped"' in r.stderr and "Traceback" in r.stderr

@@ -115,9 +115,8 @@ def test_metrics(client, nano_server):
     status, headers, body = nano_server.request("GET", "/metrics")
     assert status == 200 and headers["content-type"].startswith("text/plain")
     text = body.decode()
-    lines = {
-        line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and line[0] != "#"
-    }
+    samples = (line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#")
+    lines = {name: float(value) for name, value in samples}  # a label value may hold spaces, the value not
     assert lines['nv_inference_request_success{model="vit-nano",version="1"}'] >= 1
     assert lines['nv_inference_exec_count{model="vit-nano",version="1"}'] >= 1
     assert lines['nv_inference_compute_infer_duration_us{model="vit-nano",version="1"}'] > 0

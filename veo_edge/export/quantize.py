@@ -66,7 +66,12 @@ class Int8Quantize:
         model = ov.Core().read_model(str(fp32_xml))
         name = model.inputs[0].get_any_name()
         samples = [{name: self.calibration[i : i + 1]} for i in range(len(self.calibration))]
-        nncf.set_log_level(logging.ERROR if self.quiet else logging.WARNING)
+        # NNCF's logger only, and for this call only: nncf.set_log_level also sets the level of every
+        # handler its logger holds, which under a host that shares handlers (pytest's capture, say) silenced
+        # everyone else's warnings for the rest of the process
+        nncf_log = logging.getLogger("nncf")
+        previous = nncf_log.level
+        nncf_log.setLevel(logging.ERROR if self.quiet else logging.WARNING)
         sink = open(os.devnull, "w") if self.quiet else contextlib.nullcontext(sys.stderr)  # noqa: SIM115
         try:
             # NNCF draws its progress with rich on stdout: keep stdout for veo-edge's own (--json) output
@@ -80,5 +85,7 @@ class Int8Quantize:
                 )
         except Exception as e:  # NNCF raises many kinds; say which stage failed and why
             raise ModelLoadError(f"NNCF could not quantize {fp32_xml}: {type(e).__name__}: {e}") from e
+        finally:
+            nncf_log.setLevel(previous)
         ov.save_model(quantized, str(int8_xml), compress_to_fp16=False)
         return int8_xml, int8_xml.with_suffix(".bin")
