@@ -34,10 +34,10 @@ lint:
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
 
-# two workers (pytest-xdist): a test file stays on one worker, the Docker tests share one (tests/conftest.py);
-# the ten slowest tests are printed at the end
+# three workers (pytest-xdist) on two cores: most tests wait on dockerd, servers and subprocesses; a test
+# file stays on one worker, the Docker tests form two groups (tests/conftest.py); the ten slowest are printed
 test: setup plugins lint
-	$(PYTHON) -m pytest -q -n 2 --dist loadgroup --durations=10
+	$(PYTHON) -m pytest -q -n 3 --dist loadgroup --durations=10
 
 # arm64 images under QEMU + Dockerfile.jetson and the A100 image against stand-in bases (needs root,
 # Docker, network; ~30 min on 2 cores; not part of `make test`): tools/arm64-check.sh, docs/images.md

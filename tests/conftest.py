@@ -2,12 +2,12 @@
 
 Tests that modify a build must copy it first (``copy_build``).
 
-Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) each worker is a process of its own with
+Under pytest-xdist (``make test`` runs ``-n 3 --dist loadgroup``) each worker is a process of its own with
 its own session fixtures. So that a build is still made once, the expensive ones (``shared``) are made
 under a file lock in the directory all workers' temporary roots share, and the first worker to ask builds
 while the others wait. Tests are grouped so that a test file runs on one worker (its module fixtures are
-made once) and every test that needs a Docker engine runs on the same worker (one engine, one base
-image, one ``cpu_image``)."""
+made once), every test of the session's ``cpu_image`` runs on one worker (one image build) and the
+other Docker tests on one other (each group with its own engine)."""
 
 from __future__ import annotations
 
@@ -26,19 +26,34 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(0)
 
 
-#: fixtures that start a Docker engine: every test that uses one (directly or not) runs on one worker
+#: fixtures that start a Docker engine: every test that uses one (directly or not) runs in a Docker group
 DOCKER_FIXTURES = frozenset({"docker_engine"})
+#: the group of the cpu image, swarm and fleet-server tests (a test module may name it as its xdist_group)
+FLEET_GROUP = "docker-image"
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist's ``loadgroup``: a group per test file, and one group for the Docker tests."""
-    if not getattr(config.option, "numprocesses", None):
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Under xdist's ``loadgroup``: a group per test file, and two for the Docker tests. Marked as each
+    test is collected, so the marks are there before any ``pytest_collection_modifyitems`` (xdist's
+    reads them there)."""
+    option = item.config.option
+    # in a worker xdist sets dist to "no" and loadgroup to whether the run's --dist was loadgroup
+    if not (getattr(option, "loadgroup", False) or getattr(option, "dist", "no") == "loadgroup"):
         return
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            docker = DOCKER_FIXTURES & set(getattr(item, "fixturenames", ()))
-            item.add_marker(pytest.mark.xdist_group("docker" if docker else item.nodeid.split("::")[0]))
+    if item.get_closest_marker("xdist_group") is None:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+
+
+def _group(item: pytest.Item) -> str:
+    """The tests of the session's cpu image and of the swarm and fleet servers on one worker (they hold
+    /tmp/veo-swarm.lock, re-entrant only within a process), the other Docker tests (small test images on
+    one device) on another, each group with its engine; every other test file on any worker."""
+    names = set(getattr(item, "fixturenames", ()))
+    if names & {"cpu_image", "swarm_engine"}:
+        return FLEET_GROUP
+    if DOCKER_FIXTURES & names:
+        return "docker"
+    return item.nodeid.split("::")[0]
 
 
 def shared(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:

@@ -17,9 +17,11 @@ if docker image inspect "$TAG" >/dev/null 2>&1; then
   echo "base image $TAG is already in the engine"
   exit 0
 fi
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.base-bookworm-python3.lock"
+flock 9   # one debootstrap at a time: two engines starting together wait for the first's tarball
 if [[ ! -s "$TARBALL" ]]; then
   command -v debootstrap >/dev/null || { echo "error: debootstrap is not installed (apt-get install debootstrap)" >&2; exit 2; }
-  mkdir -p "$CACHE"
   work="$(mktemp -d "$CACHE/.rootfs-XXXXXX")"
   trap 'rm -rf "$work"' EXIT
   echo "debootstrap bookworm (minbase + python3, python3-venv) into $work ..."

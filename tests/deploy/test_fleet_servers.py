@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.cli.test_cli import veo
+from tests.conftest import FLEET_GROUP
 from tests.deploy.conftest import build_tiny_image
 from tests.support.net import free_port
 from tests.support.servers import fleet_lock, start_registry, start_sshd, stop_registry, stop_sshd
+
+pytestmark = pytest.mark.xdist_group(FLEET_GROUP)  # beside the swarm, which holds the same lock
 
 
 def _inspect(engine, name: str) -> dict | None:
