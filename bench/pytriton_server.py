@@ -1,4 +1,5 @@
-"""Triton (through PyTriton) serving a build's OpenVINO IR, for bench/serve_limit.py to compare against.
+"""Triton (through PyTriton) serving a build's OpenVINO IR, for `bench/serve.py limit --pytriton` to compare
+against (standalone: it runs in another venv).
 
     PYTHON -m pytriton_server BUILD_DIR --http-port P --grpc-port Q [--delay-us 2000]
 

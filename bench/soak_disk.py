@@ -1,38 +1,39 @@
 """Disk use and memory of the soak itself: an in-process soak at a fixed rate (default 100 req/s).
 
     python bench/soak_disk.py [--build-dir DIR] [--model vit-nano] [--rate 100] [--duration 60s]
-                              [--window 5s] [--sample-interval 1s]
+                              [--window 5s] [--sample-interval 1s] [--json PATH]
 
 Prints the run directory's size per hour of run (soak.db after the final WAL checkpoint), the bytes per
-window and per sample row, and the soak process's RSS slope after warm-up (the recorder's own memory
-is bounded: per-window histograms, everything else on disk).
+window and per sample row, the latency after the warm-up, and the soak process's RSS slope after it (the
+recorder's own memory is bounded: per-window histograms, everything else on disk). ``--json`` also
+writes the RSS and USS samples over time and the windows' p50/p99, which ``bench/plot.py`` draws.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sqlite3
 import tempfile
 from pathlib import Path
 
-from _server import build_dir
-
-from veo_edge.soak.config import SoakConfig, Thresholds
-from veo_edge.soak.report import write_report
-from veo_edge.soak.run import start
-from veo_edge.soak.units import parse_duration
+import harness as h
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build-dir")
-    ap.add_argument("--model", default="vit-nano")
+    h.build_args(ap, "vit-nano")
     ap.add_argument("--rate", type=float, default=100.0)
     ap.add_argument("--duration", default="60s")
     ap.add_argument("--window", default="5s")
     ap.add_argument("--sample-interval", default="1s")
     args = ap.parse_args()
-    with build_dir(args.build_dir, args.model) as build, tempfile.TemporaryDirectory() as tmp:
+    from veo_edge.soak.config import SoakConfig, Thresholds
+    from veo_edge.soak.report import write_report
+    from veo_edge.soak.run import start
+    from veo_edge.soak.units import parse_duration
+
+    with h.build_dir(args.build_dir, args.model) as build, tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
         config = SoakConfig(
             duration_s=parse_duration(args.duration),
@@ -47,34 +48,50 @@ def main() -> None:
         db = run / "soak.db"
         size = db.stat().st_size
         report = write_report(run)
-        conn = sqlite3.connect(db)
-        per_table = {}
-        for table in ("windows", "samples", "events"):
-            per_table[table] = conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
-        hist = conn.execute("SELECT AVG(LENGTH(hist)) FROM windows WHERE hist IS NOT NULL").fetchone()[0]
-        extra = conn.execute("SELECT AVG(LENGTH(extra)) FROM samples").fetchone()[0]
-        conn.close()
-        hours = report["run"]["recorded_s"] / 3600
-        answered = report["requests"]["ok"]
-        print(
-            f"{args.model} in-process, open loop {args.rate:g} req/s for {report['run']['recorded_s']:.0f} s:"
-        )
-        print(
-            f"  answered {answered} ({answered / report['run']['recorded_s']:.1f}/s), errors {report['requests']['errors']}"
-        )
-        print(f"  soak.db {size / 1e6:.3f} MB -> {size / hours / 1e6:.2f} MB per hour of run")
-        print(
-            f"  rows: {per_table}; mean histogram {hist or 0:.0f} B/window, sample extra {extra or 0:.0f} B"
-        )
-        lat = report["latency_ms"]["after_warmup"]
-        print(
-            f"  latency after warm-up: p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms, max {lat['max']:.2f} ms"
-        )
-        fit = report["leak"]["rss"]
-        print(
-            f"  RSS slope after warm-up {fit['bytes_per_hour'] / 2**20:+.1f} MiB/h "
-            f"(95% CI {fit['low'] / 2**20:+.1f}..{fit['high'] / 2**20:+.1f})"
-        )
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            rows = {
+                t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+                for t in ("windows", "samples", "events")
+            }
+            hist = conn.execute("SELECT AVG(LENGTH(hist)) FROM windows WHERE hist IS NOT NULL").fetchone()[0]
+            extra = conn.execute("SELECT AVG(LENGTH(extra)) FROM samples").fetchone()[0]
+            memory = conn.execute("SELECT t, rss, uss FROM samples ORDER BY segment, t").fetchall()
+            windows = conn.execute("SELECT t1, p50_us, p99_us FROM windows ORDER BY segment, t1").fetchall()
+    seconds = report["run"]["recorded_s"]
+    lat, fit = report["latency_ms"]["after_warmup"], report["leak"].get("rss")  # none: too short a run
+    table = h.Table(
+        f"the soak's own cost: {args.model} in-process, open loop {args.rate:g} req/s for {seconds:.0f} s",
+        {"what": ("", "{}"), "value": ("", "{}")},
+    )
+    answered = report["requests"]["ok"]
+    table.add(
+        what="answered",
+        value=f"{answered} ({answered / seconds:.1f}/s), errors {report['requests']['errors']}",
+    )
+    table.add(
+        what="soak.db", value=f"{size / 1e6:.3f} MB: {size / (seconds / 3600) / 1e6:.2f} MB per hour of run"
+    )
+    table.add(
+        what="rows",
+        value=f"{rows}; mean histogram {hist or 0:.0f} B a window, sample extra {extra or 0:.0f} B",
+    )
+    table.add(
+        what="latency after warm-up",
+        value=f"p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms, max {lat['max']:.2f} ms",
+    )
+    table.add(
+        what="RSS slope after warm-up",
+        value=f"{fit['bytes_per_hour'] / 2**20:+.1f} MiB/h (95 % {fit['low'] / 2**20:+.1f}..{fit['high'] / 2**20:+.1f})"
+        if fit
+        else "none fitted (too short a run)",
+    )
+    series = h.Table("memory over time", {})  # no columns: JSON only, for bench/plot.py
+    for t, rss, uss in memory:
+        series.add(t_s=t, rss_mib=rss / 2**20 if rss else None, uss_mib=uss / 2**20 if uss else None)
+    latency = h.Table("latency over time", {})
+    for t, p50, p99 in windows:
+        latency.add(t_s=t, p50_ms=p50 / 1e3 if p50 else None, p99_ms=p99 / 1e3 if p99 else None)
+    h.emit([table, series, latency], args.json)
 
 
 if __name__ == "__main__":

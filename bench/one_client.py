@@ -1,0 +1,369 @@
+"""Where one client's time goes: the ``pairs``, ``cells`` and ``floor`` subcommands of ``bench/serve.py``
+(each one's docstring is its ``--help``).
+
+On a shared machine whose speed drifts 10-15 % within the hour (and by milliseconds between minutes on a
+17 ms model), a raw measurement and a served one taken minutes apart compare the drift more than the
+server: ``pairs`` and ``cells`` measure so that the drift cancels, ``floor`` measures without a server.
+Loopback only, bounded in requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import socket
+import statistics
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import harness as h
+
+ARMS = ("raw", "raw-static", "runtime", "http", "tritonclient", "old", "new")
+
+
+def cmd_pairs(args) -> None:
+    """One client alternates single requests between ``--arms``, in a random order per round:
+    raw (a LATENCY compile of the served IR, sync, in this process: the 1-client target's reference),
+    raw-static (its batch axis fixed at 1, as ADAPTIVE serves a lone sample), runtime (Runtime.submit in
+    this process, no batching window), http (`veo-edge serve` through http.client, a binary request as
+    perf_analyzer sends it), tritonclient (the same server through tritonclient), old and new (one
+    server per tree, --old and --new). Reported per run: each arm's percentiles and, for every two arms,
+    the median of the paired differences with a bootstrap 95 % interval. The servers start in the arms'
+    order, reversed every other run: the net effect is the mean of the two orders' means, half their
+    difference the start order's own effect (the server started second answered 0.1-0.3 ms faster in
+    an A/A run)."""
+    arms = [a.strip() for a in (args.arms or ("old,new" if args.old else "raw,raw-static,http")).split(",")]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown or ({"old", "new"} & set(arms) and not args.old):
+        raise SystemExit(f"unknown arms {unknown}; choose from {', '.join(ARMS)} (old and new need --old)")
+    per_run = h.Table("per run", {"run": ("run", "{}"), "arm": ("arm", "{}"), **_PCT})
+    diffs = h.Table("paired differences", {"run": ("run", "{}"), "pair": ("pair", "{}"), **_DIFF})
+    with h.build_dir(args.build_dir, args.model) as build:
+        print(f"{build.name}: {args.runs} runs of {args.requests} rounds, --performance-hint {args.hint}")
+        for run in range(args.runs):
+            ms = _pairs_run(args, build, arms[:: -1 if run % 2 else 1], run)
+            for arm in arms:
+                per_run.add(run=run + 1, arm=arm, **{f"{k}_ms": v for k, v in h.percentiles(ms[arm]).items()})
+            for i, a in enumerate(arms):
+                for b in arms[i + 1 :]:
+                    d, lo, hi = h.median_ci([y - x for x, y in zip(ms[a], ms[b], strict=True)], run)
+                    diffs.add(run=run + 1, pair=f"{b} − {a}", median_ms=d, low_ms=lo, high_ms=hi)
+                    print(f"  run {run + 1}: {b} − {a} {d:+.3f} ms (95 % {lo:+.3f}..{hi:+.3f})", flush=True)
+    net = h.Table(
+        "over runs",
+        {
+            "pair": ("pair", "{}"),
+            "net_ms": ("net ms", "{:+.3f}"),
+            "order_ms": ("start order's own effect ms", "{:+.3f}"),
+        },
+    )
+    for pair in dict.fromkeys(r["pair"] for r in diffs.rows):
+        ds = [r["median_ms"] for r in diffs.rows if r["pair"] == pair]
+        even, odd = ds[0::2], ds[1::2]
+        if odd:
+            net.add(
+                pair=pair,
+                net_ms=(statistics.mean(even) + statistics.mean(odd)) / 2,
+                order_ms=(statistics.mean(even) - statistics.mean(odd)) / 2,
+            )
+        else:
+            net.add(pair=pair, net_ms=statistics.mean(even))
+    h.emit([per_run, diffs, net], args.json)
+
+
+_PCT = {f"{q}_ms": (f"{q} ms", "{:.3f}") for q in ("p50", "p90", "p99", "mean")}
+_DIFF = {
+    "median_ms": ("median ms", "{:+.3f}"),
+    "low_ms": ("95 % low", "{:+.3f}"),
+    "high_ms": ("95 % high", "{:+.3f}"),
+}
+
+
+def _pairs_run(args, build: Path, order: list[str], seed: int) -> dict[str, list[float]]:
+    """One run: the arms made in ``order`` (servers started in it), ``--requests`` rounds; ms per arm."""
+    from veo_edge.builddir import BuildDir
+
+    _, xml = h.served_ir(build)
+    x, name = h.sample(build, 1), BuildDir.open(build).model_name
+    serve = ("--performance-hint", args.hint)
+    calls: dict = {}
+    ports = []  # the servers, to burst once all are up
+    with contextlib.ExitStack() as stack:
+        for arm in order:
+            if arm.startswith("raw"):
+                request = h.sync_request(xml, static=arm == "raw-static")
+                calls[arm] = lambda r=request: r.infer(x)
+            elif arm == "runtime":
+                import veo_edge
+
+                rt = stack.enter_context(
+                    veo_edge.Runtime(build, max_queue_delay_ms=0.0, performance_hint=args.hint)
+                )
+                calls[arm] = lambda rt=rt: rt.submit(x[0]).result(timeout=60)
+            elif arm in ("http", "tritonclient") and "srv" not in calls:
+                calls["srv"] = stack.enter_context(h.server(build, *serve))
+            elif arm in ("old", "new"):
+                srv = stack.enter_context(
+                    h.server(build, *serve, tree=args.old if arm == "old" else args.new)
+                )
+                calls[arm] = stack.enter_context(contextlib.closing(h.HttpCall.infer(build, srv.http)))
+                ports.append(srv.http)
+        if srv := calls.pop("srv", None):
+            for arm in ("http", "tritonclient"):
+                if arm in order:
+                    call = (
+                        h.HttpCall.infer(build, srv.http)
+                        if arm == "http"
+                        else h.TritonCall("http", srv.http, name, x)
+                    )
+                    calls[arm] = stack.enter_context(contextlib.closing(call))
+            ports.append(srv.http)
+        for port in ports if args.burst else ():
+            h.closed_loop(
+                lambda i, p=port: h.HttpCall.infer(build, p), 4, 600.0, -(-args.burst // 4), warmup_s=0
+            )
+        return h.paired(calls, args.requests, seed)
+
+
+def cmd_cells(args) -> None:
+    """Pairs of cells: a raw sync cell (LATENCY compile, batch 1, in this process), then at once a
+    perf_analyzer cell at 1 client against each server (one per --hint; --old: that tree's too). Per
+    server: the median over pairs of its p50 minus the pair's raw p50, and its own split of a request
+    (queue and compute from /v2/models/NAME/stats; the rest is HTTP, parsing and the client)."""
+    from veo_edge.builddir import BuildDir
+
+    hints = [s.strip().upper() for s in args.hint.split(",") if s.strip()]
+    with h.build_dir(args.build_dir, args.model) as build, contextlib.ExitStack() as stack:
+        precision, xml = h.served_ir(build)
+        x, name = h.sample(build, 1), BuildDir.open(build).model_name
+        request = h.sync_request(xml)  # compiled once: every pair's raw cell runs it
+        servers = {s.lower(): stack.enter_context(h.server(build, "--performance-hint", s)) for s in hints}
+        if args.old:
+            servers[f"old {hints[0].lower()}"] = stack.enter_context(
+                h.server(build, "--performance-hint", hints[0], tree=args.old)
+            )
+        print(
+            f"{name} ({precision} IR), 1 client over {args.transport}, {args.pairs} pairs of {args.seconds:g} s"
+        )
+        raws: list[float] = []
+        rows: dict[str, list[tuple[float, float, float]]] = {s: [] for s in servers}  # p50, queue, compute
+        for i in range(args.pairs):
+            raws.append(h.time_sync(request, x, args.seconds)["p50"])
+            line = [f"pair {i + 1}: raw {raws[-1]:6.2f}"]
+            for who, srv in servers.items():
+                before = h.model_stats(srv.http, name)["inference_stats"]
+                r = h.perf_analyzer(
+                    args.perf_analyzer, name, srv.port(args.transport), args.transport, 1, args.seconds
+                )
+                after = h.model_stats(srv.http, name)["inference_stats"]
+                n = max(1, after["success"]["count"] - before["success"]["count"])
+                queue, compute = (
+                    (after[k]["ns"] - before[k]["ns"]) / n / 1e6 for k in ("queue", "compute_infer")
+                )
+                rows[who].append((r["p50"], queue, compute))
+                line.append(f"{who} {r['p50']:6.2f} ({r['p50'] - raws[-1]:+5.2f})")
+            print("  ".join(line), flush=True)
+    table = h.Table(
+        f"one client: served p50 minus raw sync (raw sync p50 {statistics.median(raws):.2f} ms, "
+        f"{min(raws):.2f}-{max(raws):.2f})",
+        {
+            "server": ("server", "{}"),
+            "minus_raw_ms": ("p50 − raw ms", "{:+.2f}"),
+            "range": ("range", "{}"),
+            "queue_ms": ("queue ms", "{:.2f}"),
+            "compute_ms": ("compute − raw ms", "{:+.2f}"),
+            "rest_ms": ("rest ms", "{:.2f}"),
+        },
+    )
+    for who, rs in rows.items():
+        d = [p - raw for (p, _, _), raw in zip(rs, raws, strict=True)]
+        table.add(
+            server=who,
+            minus_raw_ms=statistics.median(d),
+            range=f"{min(d):+.2f}..{max(d):+.2f}",
+            queue_ms=statistics.median(q for _, q, _ in rs),
+            compute_ms=statistics.median(c - raw for (_, _, c), raw in zip(rs, raws, strict=True)),
+            rest_ms=statistics.median(p - q - c for p, q, c in rs),
+        )
+    h.emit([table], args.json, raw_sync_ms=raws)
+
+
+def handoff(xml: str, x, requests: int, mode: str) -> tuple[float, float, float]:
+    """Median (hand-off -> infer start, infer end -> task resumed, infer) in us."""
+    import openvino as ov
+    import uvloop
+
+    request = h.sync_request(xml)  # the raw sync compile: f32 stated, LATENCY
+    queue: collections.deque = collections.deque()
+    cond = threading.Condition()
+    rows: list[list[int]] = []
+
+    def worker() -> None:
+        while True:
+            with cond:
+                while not queue:
+                    cond.wait()
+                f, row = queue.popleft()
+            if f is None:
+                return
+            row.append(time.perf_counter_ns())
+            request.infer({0: x})
+            row.append(time.perf_counter_ns())
+            f.set_result(None)
+
+    thread = threading.Thread(target=worker, daemon=True)
+    if mode == "thread":
+        thread.start()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(requests):
+            row = [time.perf_counter_ns()]
+            if mode == "thread":
+                f: Future = Future()
+                with cond:
+                    queue.append((f, row))
+                    cond.notify()
+                await asyncio.wrap_future(f)
+            else:
+                fut = loop.create_future()
+
+                def done(_userdata, fut=fut, row=row) -> None:
+                    row.append(time.perf_counter_ns())
+                    loop.call_soon_threadsafe(fut.set_result, None)
+
+                request.set_callback(done, None)
+                request.set_input_tensor(0, ov.Tensor(x))
+                row.append(time.perf_counter_ns())
+                request.start_async()
+                await fut
+            row.append(time.perf_counter_ns())
+            rows.append(row)
+            await asyncio.sleep(0.001)  # the client's part of a round trip
+
+    uvloop.run(main())
+    if mode == "thread":
+        with cond:
+            queue.append((None, None))
+            cond.notify()
+        thread.join(10)
+    rows = rows[30:]  # each row: handed off, infer started, infer ended, task resumed
+
+    def median_us(a: int, b: int) -> float:
+        return statistics.median(r[b] - r[a] for r in rows) / 1e3
+
+    return median_us(0, 1), median_us(2, 3), median_us(1, 2)
+
+
+def transfer(nbytes: int, requests: int, idle_s: float) -> tuple[float, float]:
+    """Median (first byte sent -> last byte read, reads per request) through a bare uvloop protocol."""
+    import uvloop
+
+    done: list[tuple[int, int]] = []
+
+    class Counter(asyncio.Protocol):
+        def connection_made(self, transport) -> None:
+            self.transport, self.n, self.reads = transport, 0, 0
+
+        def data_received(self, data: bytes) -> None:
+            self.n += len(data)
+            self.reads += 1
+            if self.n >= nbytes:
+                done.append((time.perf_counter_ns(), self.reads))
+                self.n = self.reads = 0
+                self.transport.write(b"\0" * 4096)
+
+    ready: list = []
+
+    async def serve() -> None:
+        srv = await asyncio.get_running_loop().create_server(Counter, "127.0.0.1", 0)
+        ready.append((srv, asyncio.get_running_loop()))
+        await srv.serve_forever()
+
+    threading.Thread(target=lambda: uvloop.run(serve()), daemon=True).start()
+    while not ready:
+        time.sleep(0.01)
+    srv, loop = ready[0]
+    payload = b"\1" * nbytes
+    sent = []
+    with socket.create_connection(srv.sockets[0].getsockname()[:2]) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(requests):
+            sent.append(time.perf_counter_ns())
+            s.sendall(payload)
+            got = 0
+            while got < 4096:
+                got += len(s.recv(65536))
+            time.sleep(idle_s)
+    loop.call_soon_threadsafe(srv.close)
+    pairs = list(zip(sent, done, strict=True))[30:]
+    return (
+        statistics.median((end - start) / 1e3 for start, (end, _) in pairs),
+        statistics.median(reads for _, (_, reads) in pairs),
+    )
+
+
+def cmd_floor(args) -> None:
+    """The machine's floors under the 1-client target, with no HTTP and no veo-edge code: an asyncio
+    (uvloop) task hands one infer (the build's IR, f32, LATENCY, batch 1) to a worker thread (a condition
+    variable, as the batcher does) and awaits it through asyncio.wrap_future, or runs OpenVINO's own
+    start_async with a callback: the time to the infer's start and back to the task. And one request body
+    sent over loopback into a bare uvloop protocol that only counts bytes, idling the model's compute time
+    between requests: first byte sent to last byte read."""
+    if args.requests <= 30:
+        raise SystemExit(f"--requests must be above 30 (the first 30 are a warm-up), got {args.requests}")
+    with h.build_dir(args.build_dir, args.model) as build:
+        _, xml = h.served_ir(build)
+        x = h.sample(build, 1)
+        table = h.Table(
+            f"{build.name}: the machine's floors, medians over {args.requests - 30} requests",
+            {
+                "floor": ("floor", "{}"),
+                "there_us": ("to the infer / transfer µs", "{:.0f}"),
+                "back_us": ("back to the task µs", "{:.0f}"),
+                "infer_us": ("infer µs", "{:.0f}"),
+            },
+        )
+        for mode in ("thread", "openvino-async"):
+            there, back, infer = handoff(xml, x, args.requests, mode)
+            table.add(floor=f"hand-off ({mode})", there_us=there, back_us=back, infer_us=infer)
+        took, reads = transfer(x.nbytes + 400, args.requests, infer / 1e6)
+        table.add(floor=f"a {x.nbytes + 400} B body over loopback ({reads:g} reads)", there_us=took)
+    h.emit([table], args.json)
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    p = h.command(
+        sub, "pairs", cmd_pairs, "one client, arms interleaved request by request (raw, served, two trees)"
+    )
+    h.build_args(p, "vit-tiny")
+    p.add_argument(
+        "--arms",
+        default=None,
+        help=f"comma-separated, from {', '.join(ARMS)} (none: raw,raw-static,http; with --old: old,new)",
+    )
+    p.add_argument("--old", default=None, help="a tree to compare against (e.g. a git worktree of main)")
+    p.add_argument("--new", default=str(h.TREE), help="the other tree (this one)")
+    p.add_argument("--hint", default="ADAPTIVE", help="--performance-hint of the servers and the runtime")
+    p.add_argument("--requests", type=int, default=400, help="rounds (one request per arm) per run")
+    p.add_argument(
+        "--runs", type=int, default=2, help="runs, each with fresh servers, start order alternating"
+    )
+    p.add_argument("--burst", type=int, default=0, help="first send each server this many from 4 clients")
+    p = h.command(sub, "cells", cmd_cells, "one client: raw sync cells and perf_analyzer cells, in pairs")
+    h.build_args(p, "vit-tiny")
+    p.add_argument("--perf-analyzer", required=True, help="Triton's perf_analyzer binary")
+    p.add_argument("--hint", default="ADAPTIVE,LATENCY", help="one server per --performance-hint")
+    p.add_argument("--old", default=None, help="also serve this tree's code (the first hint)")
+    p.add_argument("--pairs", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=2.0, help="per cell")
+    p.add_argument("--transport", default="http", choices=("http", "grpc"))
+    p = h.command(
+        sub, "floor", cmd_floor, "the machine's own cost of a thread hand-off and of a loopback body"
+    )
+    h.build_args(p, "vit-tiny")
+    p.add_argument("--requests", type=int, default=300)

@@ -1,0 +1,413 @@
+"""`veo-edge serve` benches, on loopback, bounded in time; one subcommand per question:
+
+    python bench/serve.py limit   # raw OpenVINO (sync, kept full) against the server over HTTP/gRPC, and Triton
+    python bench/serve.py load    # K closed-loop clients per server or tree: throughput, latency, batch, CPU
+    python bench/serve.py faults  # the transient-fault schedule: errors (must be 0) and p99, with and without
+    python bench/serve.py images  # JPEG pictures (BYTES, decoded by the server) against f32 tensors
+    python bench/serve.py pairs   # one client, arms interleaved request by request (raw, in-process, served,
+                                  # two trees), medians of the paired differences with bootstrap intervals
+    python bench/serve.py cells   # one client, a raw sync cell then a perf_analyzer cell per server, in pairs
+    python bench/serve.py floor   # the machine's own cost of a thread hand-off and of a loopback body
+
+``python bench/serve.py SUBCOMMAND --help`` tells each one's options; every one prints its results as
+markdown tables and writes them as JSON with ``--json PATH`` (``bench/plot.py`` draws them). The machine
+may be shared: check ``uptime`` first and read the numbers as noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import shlex
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import harness as h
+import hf
+import one_client
+
+SERVED = {
+    "who": ("", "{}"),
+    "transport": ("transport", "{}"),
+    "path": ("path", "{}"),
+    "clients": ("clients", "{}"),
+    "samples_s": ("samples/s", "{:.1f}"),
+    "p50_ms": ("p50 ms", "{:.2f}"),
+    "p90_ms": ("p90 ms", "{:.2f}"),
+    "p99_ms": ("p99 ms", "{:.2f}"),
+    "errors": ("errors", "{}"),
+    "batch": ("mean batch", "{:.2f}"),
+    "cpu_ms": ("server CPU ms/req", "{:.2f}"),
+}
+
+
+def cell_args(ap: argparse.ArgumentParser, **defaults) -> None:
+    """The options of the commands that drive servers with K clients (``limit``, ``load``); ``defaults``
+    are each command's."""
+    h.build_args(ap, defaults["model"])
+    ap.add_argument("--concurrency", help="client counts, comma-separated")
+    ap.add_argument("--seconds", type=float, default=5.0, help="per cell")
+    ap.add_argument("--requests", type=int, default=None, help="or at most this many requests per client")
+    ap.add_argument("--rounds", type=int, help="cells interleaved this many times")
+    ap.add_argument("--batch", type=int, default=1, help="samples per request")
+    ap.add_argument(
+        "--hint", default="ADAPTIVE", help="the servers' --performance-hint; several, comma-separated"
+    )
+    ap.add_argument(
+        "--transports", help="http, grpc, http-shm, grpc-shm (system shared memory), comma-separated"
+    )
+    ap.add_argument(
+        "--client", default="tritonclient", choices=("tritonclient", "http"), help="http: http.client"
+    )
+    ap.add_argument("--path", default="infer", help="infer, live (GET /v2/health/live: HTTP only, no model)")
+    ap.add_argument("--perf-analyzer", default=None, help="drive the servers with this perf_analyzer binary")
+    ap.add_argument(
+        "--tree", action="append", default=[], help="also serve this checkout's code (repeatable)"
+    )
+    ap.add_argument("--pytriton", default=None, help="a Python with nvidia-pytriton: Triton's rows too")
+    ap.add_argument("--server-args", default="--max-queue 4096", help="more `veo-edge serve` options")
+    ap.add_argument("--settle", type=float, default=0.0, help="seconds to wait once the servers are up")
+    ap.set_defaults(**defaults)
+
+
+def served_cells(args, build: Path, stack: contextlib.ExitStack, before_round=None) -> h.Table:
+    """Start the servers (one per hint, one per --tree, Triton), drive every (server, transport, path,
+    clients) cell ``--rounds`` times interleaved; the table of medians (latencies pooled over rounds)."""
+    from veo_edge.builddir import BuildDir
+
+    name, x = BuildDir.open(build).model_name, h.sample(build, args.batch)
+    hints = [s.strip().upper() for s in args.hint.split(",") if s.strip()]
+    transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    extra = shlex.split(args.server_args) + (
+        ["--shared-memory"] if any("-shm" in t for t in transports) else []
+    )
+    servers = {(hint.lower() if len(hints) > 1 else "serve"): ("--performance-hint", hint) for hint in hints}
+    servers = {who: stack.enter_context(h.server(build, *a, *extra)) for who, a in servers.items()}
+    for i, tree in enumerate(args.tree):
+        servers[f"tree{i + 1}" if len(args.tree) > 1 else "base"] = stack.enter_context(
+            h.server(build, *shlex.split(args.server_args), tree=tree)
+        )
+    triton = stack.enter_context(h.pytriton(args.pytriton, build))
+    if triton:
+        servers["triton"] = triton
+    paths = [p.strip() for p in args.path.split(",")]
+    targets = [
+        (w, t, p) for w in servers for t in transports for p in paths if not (w == "base" and "-shm" in t)
+    ]
+    levels = [int(c) for c in args.concurrency.split(",")]
+    time.sleep(args.settle)  # e.g. until the servers' start-up work (the JSON decoder process) is done
+    cells: dict[tuple, list[dict]] = {}
+    for i in range(args.rounds):
+        if before_round:
+            before_round(i)
+        for k in levels:
+            for who, transport, path in targets:
+                srv = servers[who]
+                cpu, stats = h.cpu_seconds(srv.pid), path == "infer" and h.model_stats(srv.http, name)
+                r = _cell(args, build, name, x, srv.port(transport), transport, path, k)
+                sent = r.get("sent")  # every request of the cell, warm-up included, as the CPU time
+                if stats:
+                    after = h.model_stats(srv.http, name)
+                    r["inferences"] = int(after["inference_count"]) - int(stats["inference_count"])
+                    r["executions"] = int(after["execution_count"]) - int(stats["execution_count"])
+                    sent = _count(after) - _count(stats)
+                if sent and srv.pid:  # the server's CPU per request: robust to a busy machine, unlike latency
+                    r["cpu_ms"] = (h.cpu_seconds(srv.pid) - cpu) * 1e3 / sent
+                cells.setdefault((who, transport, path, k), []).append(r)
+    table = h.Table("served", {k: v for k, v in SERVED.items() if k != "path" or len(paths) > 1})
+    for (who, transport, path, k), rs in cells.items():
+        pct = h.percentiles([v for r in rs for v in r["lat"]]) if "lat" in rs[0] else None
+        pct = pct or {q: h.median(r[q] for r in rs) for q in ("p50", "p90", "p99")}
+        execs = sum(r.get("executions", 0) for r in rs)
+        table.add(
+            who=who,
+            transport=transport,
+            path=path,
+            clients=k,
+            samples_s=h.median(r["rate"] for r in rs) * (args.batch if path == "infer" else 1),
+            p50_ms=pct["p50"],
+            p90_ms=pct.get("p90"),
+            p99_ms=pct["p99"],
+            errors=sum(r["errors"] for r in rs),
+            batch=sum(r.get("inferences", 0) for r in rs) / execs if execs else None,
+            cpu_ms=h.median(r["cpu_ms"] for r in rs) if "cpu_ms" in rs[0] else None,
+        )
+    return table
+
+
+def _count(stats: dict) -> int:
+    return int(stats["inference_stats"]["success"]["count"])
+
+
+def _cell(args, build: Path, name: str, x, port: int, transport: str, path: str, k: int) -> dict:
+    if path == "live":
+        if not transport.startswith("http"):
+            raise SystemExit("--path live is HTTP only: give --transports http")
+        make = lambda i: h.HttpCall(port, "GET", "/v2/health/live")  # noqa: E731
+    elif args.perf_analyzer:
+        return h.perf_analyzer(args.perf_analyzer, name, port, transport, k, args.seconds)
+    elif args.client == "http":
+        make = lambda i: h.HttpCall.infer(build, port, args.batch)  # noqa: E731
+    else:
+        make = lambda i: h.TritonCall(transport, port, name, x, str(i))  # noqa: E731
+    return h.closed_loop(make, k, args.seconds, args.requests)
+
+
+def cmd_load(args) -> None:
+    """Servers on one build: one ``veo-edge serve`` per ``--hint``, one per ``--tree`` (another checkout's
+    code, e.g. before a change), Triton with ``--pytriton``. Per (server, transport, path, clients) cell:
+    samples/s, latency percentiles, errors, the server's mean executed batch (from its statistics) and its
+    CPU time per request (user + system, every thread: a busy machine disturbs it far less than latency).
+    Clients: ``--client tritonclient`` (threads, binary tensors; ``-shm`` transports: the tensors in system
+    shared memory), ``--client http`` (one kept-alive ``http.client`` connection each, the request as
+    perf_analyzer sends it; ``--path live`` sends ``GET /v2/health/live``: the HTTP layer alone), or
+    ``--perf-analyzer PATH``. Each client waits 0.5 s unmeasured, then runs ``--seconds`` (or
+    ``--requests``); cells interleave ``--rounds`` times: throughput is the median over rounds, latency
+    percentiles pool the rounds."""
+    with h.build_dir(args.build_dir, args.model) as build, contextlib.ExitStack() as stack:
+        print(
+            f"load {h.machine()['load_1min']}; {build.name}, batch {args.batch} per request", file=sys.stderr
+        )
+        table = served_cells(args, build, stack)
+    h.emit([table], args.json)
+
+
+def cmd_limit(args) -> None:
+    """``load``'s cells (on vit-tiny, batch 1) against the machine's limit, on the IR the build serves (f32,
+    or its int8 IR; the compiles state f32; Triton runs the build's f32 IR):
+
+    - raw sync b1: one LATENCY-compiled infer request, batch 1, back to back (what one client can get);
+    - raw limit bN: an AsyncInferQueue on a THROUGHPUT compile (OpenVINO's streams and optimal number of
+      infer requests) kept full at batch N = 1, 2, 4, 8; the best batch is the limit;
+    - static: the same two with the batch axis fixed at 1 before compiling, as ADAPTIVE serves a sample,
+      the limit with two infer requests per stream (one queued behind each running one).
+
+    The raw rows are measured again before every round (the machine drifts 10-15 % within the hour), the
+    median over rounds used. Each served row gets its share of both limits and its p50 minus both syncs;
+    with ``--pytriton``, its throughput over Triton's."""
+    from veo_edge.builddir import BuildDir
+
+    with h.build_dir(args.build_dir, args.model) as build, contextlib.ExitStack() as stack:
+        precision, xml = h.served_ir(build)
+        x, max_batch = h.sample(build, 1), BuildDir.open(build).max_batch
+        print(f"{build.name} ({precision} IR), {args.seconds:g} s cells", file=sys.stderr)
+        by_batch = {b: h.raw_limit(xml, x, b, args.seconds)["rate"] for b in (1, 2, 4, 8) if b <= max_batch}
+        best = max(by_batch, key=by_batch.__getitem__)
+        raw: dict[str, list[tuple[float, float | None]]] = {}
+
+        def measure(i: int) -> None:  # the machine drifts: the raw rows again before every round
+            for label, static in (("raw sync b1", False), ("raw sync b1 static", True)):
+                r = h.time_sync(h.sync_request(xml, static), x, args.seconds)
+                raw.setdefault(label, []).append((r["rate"], r["p50"]))
+            rate = by_batch[best] if i == 0 else h.raw_limit(xml, x, best, args.seconds)["rate"]
+            raw.setdefault(f"raw limit b{best}", []).append((rate, None))
+            rate = h.raw_limit(xml, x, 1, args.seconds, static=True)["rate"]
+            raw.setdefault("raw limit static b1", []).append((rate, None))
+
+        served = served_cells(args, build, stack, measure)
+    columns = {"row": ("", "{}"), "samples_s": ("samples/s", "{:.1f}"), "p50_ms": ("p50 ms", "{:.2f}")}
+    rows = h.Table("raw", columns | {"rounds": ("each round", "{}")})
+    for b, rate in by_batch.items():
+        rows.add(row=f"raw limit b{b} (round 1)", samples_s=rate)
+    for label, rs in raw.items():
+        sync = rs[0][1] is not None
+        each = ", ".join(f"{p:.2f}" if sync else f"{r:.1f}" for r, p in rs)
+        p50 = h.median(p for _, p in rs) if sync else None
+        rows.add(row=label, samples_s=h.median(r for r, _ in rs), p50_ms=p50, rounds=each)
+    med = {r["row"]: r for r in rows.rows}
+    limit, static = med[f"raw limit b{best}"]["samples_s"], med["raw limit static b1"]["samples_s"]
+    sync, static_sync = med["raw sync b1"]["p50_ms"], med["raw sync b1 static"]["p50_ms"]
+    served.columns |= {
+        "of_limit": ("of limit", "{:.0%}"),
+        "of_static": ("of static", "{:.0%}"),
+        "sync_ms": ("p50 − sync", "{:+.2f}"),
+        "static_ms": ("− static sync", "{:+.2f}"),
+    }
+    for r in served.rows:
+        r.update(of_limit=r["samples_s"] / limit, of_static=r["samples_s"] / static)
+        r.update(sync_ms=r["p50_ms"] - sync, static_ms=r["p50_ms"] - static_sync)
+    tables = [rows, served]
+    if args.pytriton:
+        rates = {(r["who"], r["transport"], r["clients"]): r["samples_s"] for r in served.rows}
+        columns = {"who": ("", "{}"), "transport": ("transport", "{}"), "clients": ("clients", "{}")}
+        ratio = h.Table("against Triton", columns | {"x": ("/ Triton", "{:.2f}×")})
+        for (who, t, k), rate in rates.items():
+            if who != "triton" and who != "base" and not who.startswith("tree"):
+                ratio.add(who=who, transport=t, clients=k, x=rate / rates["triton", t, k])
+        tables.append(ratio)
+    h.emit(tables, args.json)
+
+
+def cmd_faults(args) -> None:
+    """Two servers on one build, with VEO_EDGE_FAULTS=--faults and without; clients send back to back."""
+    json.loads(args.faults)
+    table = h.Table(
+        "faults",
+        {
+            "run": ("run", "{}"),
+            "requests": ("requests", "{}"),
+            "errors": ("errors", "{}"),
+            "p50_ms": ("p50 ms", "{:.2f}"),
+            "p99_ms": ("p99 ms", "{:.2f}"),
+            "faults": ("faults", "{}"),
+            "retries": ("retries", "{}"),
+            "switches": ("switches", "{}"),
+            "active": ("active", "{}"),
+            "standby": ("standby", "{}"),
+        },
+    )
+    with h.build_dir(args.build_dir, args.model) as build:
+        for label, env in (
+            ("faults", {"VEO_EDGE_FAULTS": args.faults}),
+            ("no faults", {"VEO_EDGE_FAULTS": ""}),
+        ):
+            with h.server(build, env=env) as srv:
+                r = h.closed_loop(
+                    lambda i: h.HttpCall.infer(build, srv.http), args.clients, args.seconds, warmup_s=0
+                )
+                m = _fault_metrics(srv.http)
+            pct = h.percentiles(r["lat"])
+            table.add(
+                run=label,
+                requests=sum(r["codes"].values()),
+                errors=r["errors"],
+                codes=r["codes"],
+                p50_ms=pct["p50"],
+                p99_ms=pct["p99"],
+                **m,
+            )
+    h.emit([table], args.json)
+
+
+def _fault_metrics(port: int) -> dict:
+    """What the server's /metrics counted: faults and retries by backend, switches, active and standby."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out: dict = {"faults": {}, "retries": {}, "switches": 0, "active": None, "standby": None}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            b = s.labels.get("backend")
+            if s.name == "veo_edge_backend_faults_total":
+                out["faults"][f"{b} {s.labels['kind']}"] = int(s.value)
+            elif s.name == "veo_edge_retries_total":
+                out["retries"][f"{b} {s.labels['outcome']}"] = int(s.value)
+            elif s.name == "veo_edge_fallback_switches_total":
+                out["switches"] = int(s.value)
+            elif s.name in ("veo_edge_active_backend", "veo_edge_standby_backend") and s.value == 1:
+                out[s.name.split("_")[2]] = b
+    for k in ("faults", "retries"):
+        out[k] = ", ".join(f"{label} {n}" for label, n in sorted(out[k].items())) or "-"
+    return out
+
+
+def cmd_images(args) -> None:
+    """One server of a `build --hf` ViT: perf_analyzer's random f32 tensors against a JPEG as BYTES."""
+    from veo_edge.builddir import BuildDir
+    from veo_edge.preprocess import Preprocess
+    from veo_edge.preprocess.decode import decode_image
+
+    build = hf.hf_build(hf.hf_checkpoint(args.work / "vit-hf"), args.work / "vit-hf-build")
+    name, jpeg = "vit-hf", hf.photos_jpeg()[1]  # the flower: 427x640
+    # perf_analyzer reads a BYTES file of a --input-data folder as lines of text: the JPEG goes as base64 in
+    # its JSON form instead, one picture ([1]: the companion model declares BYTES [-1], max_batch_size 0)
+    data = args.work / "input-data.json"
+    data.write_text(json.dumps({"data": [{"input": {"b64": base64.b64encode(jpeg).decode(), "shape": [1]}}]}))
+    prep = Preprocess.from_manifest(BuildDir.open(build).manifest["preprocess"])
+    once = statistics.median(h.timed(lambda: prep(decode_image(jpeg))) for _ in range(200))
+    print(
+        f"decode + preprocess of one {len(jpeg) / 1e3:.0f} kB JPEG, one thread: {once:.2f} ms",
+        file=sys.stderr,
+    )
+    levels, cells = [int(c) for c in args.concurrency.split(",")], {}
+    parts = (
+        "Client Send",
+        "Network+Server Send/Recv",
+        "Server Queue",
+        "Server Compute Input",
+        "Server Compute Infer",
+        "Server Compute Output",
+        "Client Recv",
+    )
+    with h.server(build) as srv:
+        for _ in range(args.rounds):
+            for k in levels:
+                for kind, model, extra in (
+                    ("f32", name, ()),
+                    ("jpeg", name + "_image", ("--input-data", str(data))),
+                ):
+                    r = h.perf_analyzer(
+                        args.perf_analyzer,
+                        model,
+                        srv.port(args.transport),
+                        args.transport,
+                        k,
+                        args.seconds,
+                        extra,
+                    )
+                    total = sum(r.get(p, float("nan")) for p in parts)
+                    r["share"] = (
+                        r.get("Server Compute Input", float("nan")) / total if total else float("nan")
+                    )
+                    cells.setdefault((kind, k), []).append(r)
+    table = h.Table(
+        f"pictures against tensors ({args.transport})",
+        {
+            "input": ("input", "{}"),
+            "clients": ("clients", "{}"),
+            "rate": ("images/s", "{:.1f}"),
+            "p50_ms": ("p50 ms", "{:.2f}"),
+            "share": ("decode + preprocess share", "{:.0%}"),
+        },
+    )
+    for (kind, k), rs in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        table.add(
+            input=kind,
+            clients=k,
+            rate=h.median(r["rate"] for r in rs),
+            p50_ms=h.median(r["p50"] for r in rs),
+            share=h.median(r["share"] for r in rs),
+        )
+    h.emit([table], args.json, decode_one_ms=once, jpeg_bytes=len(jpeg))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = h.command(sub, "limit", cmd_limit, "raw OpenVINO against the server over HTTP and gRPC, and Triton")
+    cell_args(p, model="vit-tiny", concurrency="1,2,4,8", rounds=2, transports="http,grpc")
+    p = h.command(sub, "load", cmd_load, "K clients per server (tritonclient, http.client or perf_analyzer)")
+    cell_args(p, model="vit-nano", concurrency="1,8,32", rounds=1, transports="http")
+    p = h.command(sub, "faults", cmd_faults, "the transient-fault schedule: errors (must be 0) and p99")
+    h.build_args(p, "vit-nano")
+    p.add_argument("--faults", default='{"*": {"every_nth": 7}}', help="VEO_EDGE_FAULTS of the first run")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=20.0)
+    p = h.command(
+        sub, "images", cmd_images, "JPEG pictures against f32 tensors (a `build --hf` ViT, perf_analyzer)"
+    )
+    p.add_argument("--perf-analyzer", required=True)
+    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "veo-bench-hf", help="reused")
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--concurrency", default="1,4")
+    p.add_argument("--transport", default="http", choices=("http", "grpc"))
+    p.add_argument("--json", type=Path, default=None, help="also write the results here, as JSON")
+    one_client.add_commands(sub)
+    args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still stops its servers
+    t = time.perf_counter()
+    args.run(args)
+    print(f"({time.perf_counter() - t:.0f} s)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
