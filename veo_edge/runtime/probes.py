@@ -37,7 +37,7 @@ def _version(dist: str) -> str | None:
 CPUINFO_ENV = "VEO_EDGE_CPUINFO"
 #: the CPU flags with which OpenVINO runs int8 faster than f32 (VNNI dot products, AMX tiles)
 INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
-#: what int8 measured without them (docs/benchmarks.md: `python bench/cpu_precision.py`)
+#: what int8 measured without them (docs/benchmarks.md: `python bench/runtime.py precision`)
 INT8_WITHOUT_VNNI = (
     "int8 ran at 0.70x the speed of f32 on a CPU without them (vit-digits, batch 1, an AVX2-only AMD EPYC; "
     "docs/benchmarks.md)"

@@ -18,7 +18,7 @@ the next batch at once, while the callers of the one it finished are still on th
 per stream, 4 closed-loop clients on 2 streams leave each stream idle for that round trip after every
 batch). At most one batch per stream runs on the dynamic compile (its infer requests keep their own
 memory per batch size); the batch-1 compile's requests share their stream's memory. Measured on
-vit-tiny on 2 cores (README, `bench/serve_limit.py`): LATENCY alone serves 1 client as fast and 4
+vit-tiny on 2 cores (docs/benchmarks.md, `bench/serve.py limit`): LATENCY alone serves 1 client as fast and 4
 clients at about 85 % of the machine's limit, THROUGHPUT alone 4 clients faster but 1 client at half
 the speed.
 """
