@@ -173,6 +173,7 @@ def test_three_replicas_of_the_real_image_on_one_node_and_a_bad_update_rolls_bac
         watcher.join()
     assert r.returncode == 46, r.stderr
     assert "the swarm rolled service vit-fleet back from veo-edge/vit-nano:bad-release" in r.stderr
+    assert "the previous release is healthy on 3/3 tasks" in r.stderr.replace("\n", " ")
     assert len(up) > 20 and min(up) >= 2, up  # never more than one replica down
     assert all(_ready(p) for p in ports)
     inspect = json.loads(swarm_engine.docker("service", "inspect", name).stdout)[0]

@@ -180,9 +180,10 @@ def _wait(
         ustate = update.get("State")
         if ustate in ("rollback_completed", "rollback_paused", "rollback_started"):
             if ustate != "rollback_started" or waited >= timeout:
+                back = _healthy_after_rollback(service, wanted, start + timeout)
                 raise UnhealthyReleaseError(
                     f"the swarm rolled service {service.name} back from {facts.ref}: {update.get('Message')}; "
-                    f"tasks: {_failures(tasks)}"
+                    f"{back}; tasks: {_failures(tasks)}"
                 )
         elif ustate == "paused":
             raise UnhealthyReleaseError(
@@ -207,6 +208,24 @@ def _wait(
                 f"service {service.name} was not healthy within {timeout:g} s ({len(good)}/{wanted} tasks "
                 f"healthy on {facts.ref}); tasks: {_failures(tasks) or _summary(tasks)}"
             )
+        time.sleep(0.5)
+
+
+def _healthy_after_rollback(service: Any, wanted: int, deadline: float) -> str:
+    """Wait (until ``deadline``) for the rolled-back release to be healthy on every wanted task, so that a
+    deploy that says "rolled back" returns with the previous release serving; says how it ended."""
+    while True:
+        service.reload()
+        image = service.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"]
+        good = [
+            t for t in _tasks(service)
+            if t["desired"] == "running" and t["state"] == "running" and t["health"] == "healthy"
+            and t["image"] == image
+        ]  # fmt: skip
+        if len(good) >= wanted:
+            return f"the previous release is healthy on {len(good)}/{wanted} tasks"
+        if time.monotonic() >= deadline:
+            return f"only {len(good)}/{wanted} tasks of the previous release are healthy so far"
         time.sleep(0.5)
 
 
