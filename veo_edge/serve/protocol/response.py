@@ -45,7 +45,7 @@ def output_bytes(
 
 
 def shm_params(ref: ShmRef, size: int) -> dict[str, Any]:
-    """The parameters of an output answered in shared memory (as Triton answers them)."""
+    """The parameters of an output answered in shared memory over gRPC."""
     params: dict[str, Any] = {"shared_memory_region": ref.region, "shared_memory_byte_size": size}
     if ref.offset:
         params["shared_memory_offset"] = ref.offset
@@ -62,7 +62,7 @@ def encode_infer_response(
     """Body chunks of the response and the JSON header length (``None`` when the body is all JSON).
 
     Outputs requested in shared memory are handed to ``write_shm`` (see :mod:`veo_edge.serve.shm`) and
-    answered with their region and byte size, without data."""
+    answered with their name, datatype and shape, without data."""
     tensors = []
     binaries: list[bytes | memoryview] = []
     for want in request.outputs:
@@ -70,14 +70,10 @@ def encode_infer_response(
         if want.shm is not None and write_shm is not None:
             datatype, shape, data = output_bytes(arr, want.class_count, labels)
             write_shm(want.shm, data)
-            tensors.append(
-                {
-                    "name": want.name,
-                    "datatype": datatype,
-                    "shape": shape,
-                    "parameters": shm_params(want.shm, len(data)),
-                }
-            )
+            # name, datatype and shape only, as Triton answers it: Triton's C++ client (perf_analyzer
+            # --shared-memory) reads an output's "parameters" as binary data and fails without
+            # binary_data_size ("attempt to access non-existing object member 'binary_data_size'")
+            tensors.append({"name": want.name, "datatype": datatype, "shape": shape})
             continue
         if want.class_count:
             top = classify(arr, want.class_count, labels)
