@@ -14,6 +14,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from veo_edge.packaging.streams import buffered
+
 #: what each derived image changes (one Dockerfile instruction on top of the signed image)
 CHANGES = {
     "entrypoint": 'ENTRYPOINT ["/bin/sh", "-c", "echo owned"]',
@@ -58,7 +60,7 @@ def swap_base_layer(client, src: str, tag: str) -> str:
         pipe = _Pipe()
         with (
             tarfile.open(fileobj=pipe, mode="w|") as out,
-            tarfile.open(fileobj=_Reader(client.api.get_image(src_id)), mode="r|") as tar,
+            tarfile.open(fileobj=buffered(client.api.get_image(src_id)), mode="r|") as tar,
         ):
             for m in tar:
                 if not m.isfile():
@@ -113,21 +115,3 @@ class _Pipe(io.RawIOBase):
     def take(self) -> bytes:
         out, self.buf = bytes(self.buf), bytearray()
         return out
-
-
-class _Reader(io.RawIOBase):
-    def __init__(self, chunks) -> None:
-        self._it, self._buf = iter(chunks), b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        while not self._buf:
-            try:
-                self._buf = next(self._it)
-            except StopIteration:
-                return 0
-        n = min(len(b), len(self._buf))
-        b[:n], self._buf = self._buf[:n], self._buf[n:]
-        return n

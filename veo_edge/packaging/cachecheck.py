@@ -18,16 +18,17 @@ secret to sign it with): keep the volume writable by the container's user only, 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
 import stat
 import tarfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from veo_edge.packaging.streams import buffered
 
 ENGINES = "engines"
 CODE_SUFFIXES = (".pth", ".py", ".pyc", ".pyo", ".so", ".egg-link", ".whl", ".egg")
@@ -76,7 +77,7 @@ def scan_dir(root: Path) -> list[Item]:
 def scan_tar(chunks: Iterable[bytes], top: str) -> list[Item]:
     """The same from the engine's archive of the volume (members start with ``top/``)."""
     items: list[Item] = []
-    with tarfile.open(fileobj=io.BufferedReader(_ChunkStream(iter(chunks)), 1 << 20), mode="r|") as tar:
+    with tarfile.open(fileobj=buffered(chunks), mode="r|") as tar:
         for m in tar:
             rel = m.name[len(top) :].lstrip("/") if m.name.startswith(top) else m.name
             if not rel:
@@ -94,24 +95,6 @@ def scan_tar(chunks: Iterable[bytes], top: str) -> list[Item]:
             else:
                 items.append(Item(rel, "other"))
     return items
-
-
-class _ChunkStream(io.RawIOBase):
-    def __init__(self, it: Iterator[bytes]) -> None:
-        self._it, self._buf = it, b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        while not self._buf:
-            try:
-                self._buf = next(self._it)
-            except StopIteration:
-                return 0
-        n = min(len(b), len(self._buf))
-        b[:n], self._buf = self._buf[:n], self._buf[n:]
-        return n
 
 
 def _is_code(rel: str) -> bool:

@@ -23,6 +23,7 @@ from typing import IO, Any
 
 from veo_edge.errors import ImageTrustError
 from veo_edge.packaging import signing
+from veo_edge.packaging.streams import buffered
 
 SCHEMA = "veo-edge/image-manifest/v1"
 IMAGE_ROOT = "/opt/veo-edge"
@@ -86,28 +87,9 @@ def scan_dir(root: Path) -> tuple[dict[str, Entry], dict[str, bytes]]:
 
 def scan_tar(chunks: Iterator[bytes], top: str) -> tuple[dict[str, Entry], dict[str, bytes]]:
     """The same from a tar stream of the root (Docker's ``get_archive``: members start with ``top/``)."""
-    import io
-
-    class _Stream(io.RawIOBase):
-        def __init__(self) -> None:
-            self._it, self._buf = iter(chunks), b""
-
-        def readable(self) -> bool:
-            return True
-
-        def readinto(self, b) -> int:
-            while not self._buf:
-                try:
-                    self._buf = next(self._it)
-                except StopIteration:
-                    return 0
-            n = min(len(b), len(self._buf))
-            b[:n], self._buf = self._buf[:n], self._buf[n:]
-            return n
-
     entries: dict[str, Entry] = {}
     trust: dict[str, bytes] = {}
-    with tarfile.open(fileobj=io.BufferedReader(_Stream(), 1 << 20), mode="r|") as tar:
+    with tarfile.open(fileobj=buffered(chunks), mode="r|") as tar:
         for m in tar:
             rel = m.name[len(top) :].lstrip("/") if m.name.startswith(top) else m.name
             if not rel or m.isdir():

@@ -37,6 +37,7 @@ from veo_edge.serve.protocol import (
     ProtocolError,
     RequestedOutput,
     ShmInput,
+    check_inputs,
     check_requested_outputs,
     shm_input,
     shm_ref,
@@ -160,15 +161,7 @@ def parse_infer_request(msg: Any, model: ModelSpec, raw: Any = None) -> InferReq
                 arrays[tensor.name] = np.asarray(values).astype(dtype, casting="unsafe").reshape(shape)
         except (OverflowError, FloatingPointError) as e:
             raise ProtocolError(f"input {tensor.name!r} contents do not fit {spec.datatype}: {e}") from e
-    missing = [s.name for s in model.inputs if s.name not in arrays and s.name not in in_shm]
-    if missing:
-        raise ProtocolError(
-            f"missing input(s) {missing}; model {model.name!r} needs: "
-            f"{'; '.join(s.describe() for s in model.inputs)}"
-        )
-    batches = {a.shape[0] for a in arrays.values()} | {x.shape[0] for x in in_shm.values()}
-    if len(batches) != 1:
-        raise ProtocolError(f"inputs disagree on the batch size: {sorted(batches)}")
+    batch = check_inputs(model, arrays, in_shm)
     requested: list[RequestedOutput] = []
     for out in msg.outputs:
         params = {k: _param(v) for k, v in out.parameters.items()}
@@ -183,7 +176,7 @@ def parse_infer_request(msg: Any, model: ModelSpec, raw: Any = None) -> InferReq
     if not requested:
         requested = [RequestedOutput(s.name, True) for s in model.outputs]
     params = {k: _param(v) for k, v in msg.parameters.items()}
-    return InferRequest(arrays, requested, batches.pop(), msg.id or None, params, in_shm)
+    return InferRequest(arrays, requested, batch, msg.id or None, params, in_shm)
 
 
 def encode_infer_response(

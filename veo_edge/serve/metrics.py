@@ -298,18 +298,3 @@ def render(registry: Any) -> tuple[bytes, str]:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     return generate_latest(registry), CONTENT_TYPE_LATEST
-
-
-def start_metrics_server(registry: Any, host: str, port: int) -> int:
-    """Serve ``registry`` on its own port (Triton's metrics port), in a daemon thread; the bound port."""
-    from prometheus_client import start_http_server
-
-    try:
-        server, _thread = start_http_server(port, addr=host, registry=registry)
-    except OSError as e:
-        from veo_edge.errors import UsageError
-
-        raise UsageError(
-            f"cannot listen for metrics on {host}:{port} ({e}); choose another --metrics-port"
-        ) from e
-    return int(server.server_port)

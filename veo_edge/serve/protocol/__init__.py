@@ -11,7 +11,7 @@ asked for in binary (``parameters.binary_data`` per output, or ``binary_data_out
 """
 
 from veo_edge.serve.protocol.client import decode_infer_response, encode_infer_request
-from veo_edge.serve.protocol.request import check_requested_outputs, parse_infer_request
+from veo_edge.serve.protocol.request import check_inputs, check_requested_outputs, parse_infer_request
 from veo_edge.serve.protocol.response import bytes_tensor, classify, encode_infer_response
 from veo_edge.serve.protocol.spec import (
     CONFIG_TYPES,
@@ -40,6 +40,7 @@ __all__ = [
     "ShmRef",
     "TensorSpec",
     "bytes_tensor",
+    "check_inputs",
     "check_requested_outputs",
     "classify",
     "datatype_of",

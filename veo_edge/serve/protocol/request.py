@@ -165,15 +165,7 @@ def parse_infer_request(
             f"the body has {len(tail) - offset} bytes after the binary data of the inputs; "
             "binary_data_size or Inference-Header-Content-Length is wrong"
         )
-    missing = [s.name for s in model.inputs if s.name not in arrays and s.name not in in_shm]
-    if missing:
-        raise ProtocolError(
-            f"missing input(s) {missing}; model {model.name!r} needs: "
-            f"{'; '.join(s.describe() for s in model.inputs)}"
-        )
-    batches = {a.shape[0] for a in arrays.values()} | {x.shape[0] for x in in_shm.values()}
-    if len(batches) != 1:
-        raise ProtocolError(f"inputs disagree on the batch size: {sorted(batches)}")
+    batch = check_inputs(model, arrays, in_shm)
 
     binary_default = parameters.get("binary_data_output", False) is True
     requested: list[RequestedOutput] = []
@@ -193,7 +185,7 @@ def parse_infer_request(
                 RequestedOutput(name, binary is True, count, shm_ref(params, f"output {name!r}"))
             )
     check_requested_outputs(model, requested)
-    return InferRequest(arrays, requested, batches.pop(), request_id, parameters, in_shm)
+    return InferRequest(arrays, requested, batch, request_id, parameters, in_shm)
 
 
 def check_requested_outputs(model: ModelSpec, requested: list[RequestedOutput]) -> None:
@@ -217,3 +209,17 @@ def check_requested_outputs(model: ModelSpec, requested: list[RequestedOutput]) 
             raise ProtocolError(
                 f"output {want.name!r} has shape {spec.describe()}; class_count needs a [N, classes] output"
             )
+
+
+def check_inputs(model: ModelSpec, arrays: dict[str, np.ndarray], in_shm: dict[str, Any]) -> int:
+    """Every input of the model given (in the body or in shared memory), all with one batch size: it."""
+    missing = [s.name for s in model.inputs if s.name not in arrays and s.name not in in_shm]
+    if missing:
+        raise ProtocolError(
+            f"missing input(s) {missing}; model {model.name!r} needs: "
+            f"{'; '.join(s.describe() for s in model.inputs)}"
+        )
+    batches = {a.shape[0] for a in arrays.values()} | {x.shape[0] for x in in_shm.values()}
+    if len(batches) != 1:
+        raise ProtocolError(f"inputs disagree on the batch size: {sorted(batches)}")
+    return batches.pop()
