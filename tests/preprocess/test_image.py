@@ -98,6 +98,40 @@ def test_preprocessing_matches_the_hugging_face_pil_processor(name, proc) -> Non
         assert err <= TOL, (name, im.size, err)
 
 
+def test_a_video_processor_config_alone_is_read_from_its_json(tmp_path) -> None:
+    """A checkpoint saved with a video processor has only ``video_preprocessor_config.json``, whose class
+    needs torchvision (absent here): the build reads the file itself. The file is what
+    ``VideoMAEVideoProcessor.save_pretrained`` writes (the image processor's fields, its video keys, its
+    class under ``video_processor_type``); the frames must come out as the PIL image processor makes them."""
+    import json
+
+    from transformers.models.videomae.image_processing_pil_videomae import VideoMAEImageProcessorPil
+
+    from veo_edge.models.huggingface import load_preprocess
+
+    proc = VideoMAEImageProcessorPil(
+        size={"shortest_edge": 36},
+        crop_size={"height": 32, "width": 32},
+        resample=3,
+        image_mean=[0.4, 0.45, 0.5],
+        image_std=[0.2, 0.25, 0.3],
+    )
+    saved = {k: v for k, v in proc.to_dict().items() if k != "image_processor_type"}
+    saved |= {"video_processor_type": "VideoMAEVideoProcessor", "do_sample_frames": False, "num_frames": None}
+    saved |= {"fps": None, "default_to_square": False, "do_convert_rgb": True}
+    (tmp_path / "video_preprocessor_config.json").write_text(json.dumps(saved, indent=2, sort_keys=True))
+    with pytest.raises(OSError):  # what sends load_preprocess to the file
+        transformers.AutoImageProcessor.from_pretrained(tmp_path, backend="pil")
+
+    ours = Preprocess.from_manifest(load_preprocess(tmp_path, "video").to_manifest())
+    assert (ours.processor, ours.resample, ours.image_std) == ("VideoMAEVideoProcessor", 3, (0.2, 0.25, 0.3))
+    for im in _photos()[:1] + _digit_pictures()[:2]:
+        ref = proc([im], return_tensors="np")["pixel_values"][0][0]
+        got = ours(im)
+        assert got.shape == ref.shape == (3, 32, 32)
+        assert float(np.abs(got - ref.astype(np.float32)).max()) <= TOL
+
+
 def test_the_digits_preprocessing_reads_a_rendered_scan_as_the_scan() -> None:
     from sklearn.datasets import load_digits
 
