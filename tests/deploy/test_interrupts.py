@@ -8,6 +8,7 @@ health from Docker's own HEALTHCHECK."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import textwrap
 
 import pytest
 
+from tests.cli.test_cli import veo
 from tests.deploy.conftest import build_tiny_image
 from tests.support.net import free_port
 from veo_edge.deploy import RunOptions, deploy_container, rollback, status
@@ -213,6 +215,10 @@ def test_a_rollback_whose_restart_fails_keeps_the_previous_container_and_says_so
     assert report["recovered"] is None  # nothing to finish: the journal was closed
     current = report["current"]
     assert (current["container"], current["image"], current["state"]) == (name, "veo-test/tiny:v1", "exited")
+    assert "error mounting" in current["error"]  # why it is not running, where the message sends the user
+    r = veo("deploy", "status", name, "--to", device_engine.host)
+    assert r.returncode == 0, r.stderr
+    assert re.match(rf"current: {name} veo-test/tiny:v1 exited\S* \(.*error mounting", r.stdout)
 
 
 def test_a_rollback_whose_restart_is_unhealthy_keeps_the_previous_container_and_says_so(

@@ -354,6 +354,7 @@ def status(client: Any, name: str, timeout: float = 300.0, progress=None) -> dic
             "last_healthcheck": last or None,
             "restarts": restarts,
             "exit_code": code if st != "running" else None,
+            "error": (c.attrs.get("State") or {}).get("Error") or None,  # why the engine could not start it
             "started_at": (c.attrs.get("State") or {}).get("StartedAt"),
         }
     if out["current"] is None and out["previous"] is None:
