@@ -58,14 +58,16 @@ def build_image(engine: DockerEngine, kind: str, tag: str, release: str = "1") -
 
 #: a ~2 MB image made of the base image's shell, sleep and C library (no Python): healthy one second after
 #: start, for tests whose point is moving an image that the target does not have yet (over ssh, through a
-#: registry) without moving the 170 MB base each time
+#: registry) without moving the 170 MB base each time. A file ``/cache/sick`` (in the release's cache
+#: volume, which ``docker cp`` can write even into a stopped read-only container) fails its healthcheck,
+#: which prints the file's first line: a test's way to make a release turn unhealthy from outside
 TINY = f"""FROM scratch
 COPY --from={BASE_IMAGE} /lib/x86_64-linux-gnu/libc.so.6 /lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 /lib/x86_64-linux-gnu/
 COPY --from={BASE_IMAGE} /lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 /lib64/
 COPY --from={BASE_IMAGE} /bin/dash /bin/sh
 COPY --from={BASE_IMAGE} /bin/sleep /bin/sleep
 ADD tmp.tar /
-HEALTHCHECK {HEALTH} CMD ["/bin/sh", "-c", "test -f /tmp/ok"]
+HEALTHCHECK {HEALTH} CMD ["/bin/sh", "-c", "if [ -e /cache/sick ]; then read -r why < /cache/sick; echo sick: $why; exit 1; fi; test -f /tmp/ok"]
 CMD ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 1; : > /tmp/ok; while :; do sleep 1; done"]
 """
 

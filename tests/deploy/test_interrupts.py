@@ -1,11 +1,15 @@
 """A deploy interrupted at each of its steps always leaves a healthy release running: Ctrl-C (or SIGTERM,
 which the CLI turns into the same exception) restores the previous release at once; a deploy killed
 outright (SIGKILL) leaves its journal (``NAME-outgoing``) on the device, and the next ``deploy status``
-finishes it. Real containers on the "device" engine, health from Docker's own HEALTHCHECK."""
+finishes it. A rollback whose restart fails (the engine cannot start the previous release, or it starts
+but is not healthy) keeps that container under NAME and says so. Real containers on the "device" engine,
+health from Docker's own HEALTHCHECK."""
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,13 +17,14 @@ import textwrap
 
 import pytest
 
+from tests.cli.test_cli import veo
 from tests.deploy.conftest import build_tiny_image
 from tests.support.net import free_port
 from veo_edge.deploy import RunOptions, deploy_container, rollback, status
 from veo_edge.deploy.device import OUTGOING_SUFFIX, PARKED_SUFFIX, PREVIOUS_SUFFIX
 from veo_edge.deploy.ship import facts_for
 from veo_edge.deploy.transfer import transfer_image
-from veo_edge.errors import DeployInterruptedError
+from veo_edge.errors import DeployInterruptedError, RollbackFailedError
 
 STEPS = ["renamed", "stopped", "started", "waiting"]
 
@@ -54,6 +59,7 @@ def release(device, device_engine):
     yield name, opts
     for n in (name, name + PREVIOUS_SUFFIX, name + OUTGOING_SUFFIX, name + PARKED_SUFFIX):
         device_engine.docker("rm", "-f", n, check=False)
+    device_engine.docker("volume", "rm", "-f", opts.volume(name), check=False)
 
 
 def _running(client, name: str) -> tuple[str, str]:
@@ -147,3 +153,103 @@ def test_a_killed_deploy_is_finished_by_the_next_command(device, device_engine, 
         assert _running(client, name) == ("veo-test/tiny:v1", "healthy")
     assert name + OUTGOING_SUFFIX not in _names(client, name)
     assert json.dumps(report)  # the CLI prints it as JSON
+
+
+# --- a rollback whose restart fails ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bad(docker_engine, device):
+    """The facts of a tiny release that never becomes healthy, on the device."""
+    import docker
+
+    client, _ = device
+    local = docker.DockerClient(base_url=docker_engine.host)
+    tag = build_tiny_image(docker_engine, "veo-test/tiny:bad", release="bad", healthy=False)
+    moved = transfer_image(local, client, tag)
+    local.close()
+    return facts_for(client, moved.image_id, tag, None)
+
+
+class _Sabotage:
+    """While the new release is waited for, break the stopped outgoing one for real (once)."""
+
+    def __init__(self, name: str, act) -> None:
+        self.name, self.act, self.done = name, act, False
+
+    def progress(self, container: str, *_a) -> None:
+        if container == self.name and not self.done:
+            self.done = True
+            self.act()
+
+
+def test_a_rollback_whose_restart_fails_keeps_the_previous_container_and_says_so(
+    device, device_engine, release, bad
+) -> None:
+    client, _ = device
+    name, opts = release
+
+    def lose_the_cache_volume() -> None:  # its data directory gone: the engine cannot mount it any more
+        volume = json.loads(device_engine.docker("volume", "inspect", opts.volume(name)).stdout)[0]
+        shutil.rmtree(volume["Mountpoint"])
+
+    sabotage = _Sabotage(name, lose_the_cache_volume)
+    with pytest.raises(RollbackFailedError) as raised:
+        deploy_container(client, bad, name, opts, 30, sabotage.progress)
+    message = str(raised.value)
+    assert sabotage.done
+    assert message.startswith(
+        f"veo-test/tiny:bad did not become healthy as {name}: Docker reports it unhealthy; "
+    )
+    assert (
+        f"; the previous release veo-test/tiny:v1 is kept as container {name} but did not start again ("
+        in message
+    )
+    assert "error mounting" in message  # the engine's own reason
+    assert f"start it by hand (docker start {name}) once that is fixed" in message
+    assert _names(client, name) == {name}  # the bad release removed, v1 kept under NAME, no journal left
+    assert client.containers.list(all=True, filters={"ancestor": bad.image_id}) == []
+    assert client.containers.get(name).labels["io.veo-edge.deploy.image"] == "veo-test/tiny:v1"
+
+    report = status(client, name, 30)
+    assert report["recovered"] is None  # nothing to finish: the journal was closed
+    current = report["current"]
+    assert (current["container"], current["image"], current["state"]) == (name, "veo-test/tiny:v1", "exited")
+    assert "error mounting" in current["error"]  # why it is not running, where the message sends the user
+    r = veo("deploy", "status", name, "--to", device_engine.host)
+    assert r.returncode == 0, r.stderr
+    assert re.match(rf"current: {name} veo-test/tiny:v1 exited\S* \(.*error mounting", r.stdout)
+
+
+def test_a_rollback_whose_restart_is_unhealthy_keeps_the_previous_container_and_says_so(
+    device, device_engine, release, bad, tmp_path
+) -> None:
+    client, _ = device
+    name, opts = release
+    sick = tmp_path / "sick"
+    sick.write_text("cache checksum mismatch\n")
+
+    def make_it_sick() -> None:  # the tiny image's healthcheck fails while /cache/sick exists
+        device_engine.docker("cp", str(sick), f"{name + OUTGOING_SUFFIX}:/cache/sick")
+
+    sabotage = _Sabotage(name, make_it_sick)
+    with pytest.raises(RollbackFailedError) as raised:
+        deploy_container(client, bad, name, opts, 30, sabotage.progress)
+    message = str(raised.value)
+    assert sabotage.done
+    assert message.startswith(
+        f"veo-test/tiny:bad did not become healthy as {name}: Docker reports it unhealthy; "
+    )
+    assert (
+        f"; the release veo-test/tiny:v1 was restarted under {name} but is not healthy either "
+        "(Docker reports it unhealthy)" in message
+    )
+    assert _names(client, name) == {name}
+    assert client.containers.list(all=True, filters={"ancestor": bad.image_id}) == []
+    report = status(client, name, 30)
+    assert report["recovered"] is None
+    current = report["current"]
+    assert (current["container"], current["image"], current["state"], current["health"]) == (
+        name, "veo-test/tiny:v1", "running", "unhealthy"
+    )  # fmt: skip
+    assert current["last_healthcheck"] == "sick: cache checksum mismatch"

@@ -226,6 +226,7 @@ def _action(action, name, address, swarm, timeout, json_out) -> None:
             if c:
                 typer.echo(
                     f"{key}: {c['container']} {c['image']} {c['state']}{'/' + c['health'] if c['health'] else ''}"
+                    f"{' (' + c['error'] + ')' if c['error'] else ''}"
                 )
             else:
                 typer.echo(f"{key}: none")

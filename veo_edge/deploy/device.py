@@ -205,16 +205,26 @@ def _restore(
     if current is None:
         return True, "there was no previous release"
     image = _image_of(current)
+    kept = None  # its name, as the engine last told it (the SDK's rename does not update the object)
     try:
         current.reload()
-        if current.name.lstrip("/") != name:
+        kept = current.name.lstrip("/")
+        if kept != name:
             current.rename(name)
+            kept = name
         current.start()
     except Exception as e:
+        why = getattr(e, "explanation", None) or e
+        # under NAME the journal is closed and `deploy status` has nothing left to finish
+        then = (
+            f"start it by hand (docker start {name}) once that is fixed, and check it with "
+            f"`veo-edge deploy status {name}`"
+            if kept == name
+            else f"start it by hand or run `veo-edge deploy status {name}` to finish"
+        )
         return False, (
-            f"the previous release {image} is kept as container "
-            f"{getattr(current, 'name', name).lstrip('/')} but did not start again ({e}): start it by hand "
-            f"or run `veo-edge deploy status {name}` to finish"
+            f"the previous release {image} is kept{f' as container {kept}' if kept else ''} but did not "
+            f"start again ({why}): {then}"
         )
     back: HealthOutcome = wait_healthy(current, timeout, progress)
     if back.healthy:
@@ -344,6 +354,7 @@ def status(client: Any, name: str, timeout: float = 300.0, progress=None) -> dic
             "last_healthcheck": last or None,
             "restarts": restarts,
             "exit_code": code if st != "running" else None,
+            "error": (c.attrs.get("State") or {}).get("Error") or None,  # why the engine could not start it
             "started_at": (c.attrs.get("State") or {}).get("StartedAt"),
         }
     if out["current"] is None and out["previous"] is None:
