@@ -36,6 +36,7 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     spec = json.loads(swarm_engine.docker("service", "inspect", "fleet").stdout)[0]["Spec"]
     assert spec["TaskTemplate"]["Placement"]["Constraints"] == ["node.labels.veo.target==cpu"]
     assert spec["UpdateConfig"]["FailureAction"] == "rollback" and spec["UpdateConfig"]["Parallelism"] == 1
+    assert spec["UpdateConfig"]["Delay"] == 5 * 10**9  # a failure is seen before the next replica goes down
     assert spec["Mode"]["Replicated"]["Replicas"] == 2
     # bound to the image ID (no node re-resolves a tag), least privilege, one port per replica
     c = spec["TaskTemplate"]["ContainerSpec"]
@@ -161,8 +162,8 @@ def test_three_replicas_of_the_real_image_on_one_node_and_a_bad_update_rolls_bac
 
     def watch() -> None:
         while not done.is_set():
-            # a replica is down when it refuses or answers not ready, not when a loaded machine (a replica
-            # compiling beside it, the other test workers) keeps its answer past 2 s: CI saw that once
+            # a replica is down when it refuses or answers not ready, not when a loaded machine keeps its
+            # answer past 2 s
             up.append(sum(_ready(p, timeout=15) for p in ports))
             done.wait(0.3)
 

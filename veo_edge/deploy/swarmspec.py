@@ -33,6 +33,10 @@ class ServiceOptions:
     network: str = "host"
     env: dict[str, str] = field(default_factory=dict)
     monitor_s: float = 15.0
+    #: the pause after each replica an update replaces, before it takes down the next one. Swarm's updater
+    #: moves on as soon as a new task is running *or has failed*, and only then sees the failure, so with
+    #: no pause a release that fails at once can take a second replica down before the rollback starts.
+    update_delay_s: float = 5.0
     memory: str | None = None
     cpus: float | None = None
     user: str = DEFAULT_USER
@@ -99,7 +103,11 @@ def service_spec(facts: ImageFacts, name: str, opts: ServiceOptions, image: str)
         "mode": mode,
         "networks": [opts.network] if opts.network else None,
         "update_config": t.UpdateConfig(
-            parallelism=1, order="stop-first", failure_action="rollback", monitor=int(opts.monitor_s * 1e9)
+            parallelism=1,
+            order="stop-first",
+            failure_action="rollback",
+            monitor=int(opts.monitor_s * 1e9),
+            delay=int(opts.update_delay_s * 1e9),
         ),
         "rollback_config": t.RollbackConfig(
             parallelism=1, order="stop-first", monitor=int(opts.monitor_s * 1e9)
