@@ -183,6 +183,20 @@ class _Sabotage:
             self.act()
 
 
+def _failed_deploy(client, bad, name: str, opts, act) -> str:
+    """Deploy the bad release over ``name``, ``act`` on the stopped previous release while the deploy
+    waits; the RollbackFailedError's message, checked to start with the bad release's verdict."""
+    sabotage = _Sabotage(name, act)
+    with pytest.raises(RollbackFailedError) as raised:
+        deploy_container(client, bad, name, opts, 30, sabotage.progress)
+    message = str(raised.value)
+    assert sabotage.done
+    assert message.startswith(
+        f"veo-test/tiny:bad did not become healthy as {name}: Docker reports it unhealthy; "
+    )
+    return message
+
+
 def test_a_rollback_whose_restart_fails_keeps_the_previous_container_and_says_so(
     device, device_engine, release, bad
 ) -> None:
@@ -193,14 +207,7 @@ def test_a_rollback_whose_restart_fails_keeps_the_previous_container_and_says_so
         volume = json.loads(device_engine.docker("volume", "inspect", opts.volume(name)).stdout)[0]
         shutil.rmtree(volume["Mountpoint"])
 
-    sabotage = _Sabotage(name, lose_the_cache_volume)
-    with pytest.raises(RollbackFailedError) as raised:
-        deploy_container(client, bad, name, opts, 30, sabotage.progress)
-    message = str(raised.value)
-    assert sabotage.done
-    assert message.startswith(
-        f"veo-test/tiny:bad did not become healthy as {name}: Docker reports it unhealthy; "
-    )
+    message = _failed_deploy(client, bad, name, opts, lose_the_cache_volume)
     assert (
         f"; the previous release veo-test/tiny:v1 is kept as container {name} but did not start again ("
         in message
@@ -232,14 +239,7 @@ def test_a_rollback_whose_restart_is_unhealthy_keeps_the_previous_container_and_
     def make_it_sick() -> None:  # the tiny image's healthcheck fails while /cache/sick exists
         device_engine.docker("cp", str(sick), f"{name + OUTGOING_SUFFIX}:/cache/sick")
 
-    sabotage = _Sabotage(name, make_it_sick)
-    with pytest.raises(RollbackFailedError) as raised:
-        deploy_container(client, bad, name, opts, 30, sabotage.progress)
-    message = str(raised.value)
-    assert sabotage.done
-    assert message.startswith(
-        f"veo-test/tiny:bad did not become healthy as {name}: Docker reports it unhealthy; "
-    )
+    message = _failed_deploy(client, bad, name, opts, make_it_sick)
     assert (
         f"; the release veo-test/tiny:v1 was restarted under {name} but is not healthy either "
         "(Docker reports it unhealthy)" in message
