@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from veo_edge.serve.protocol import InferRequest, ProtocolError, ShmRef
+from veo_edge.serve.shm_region import Region
 
 log = logging.getLogger("veo_edge.serve")
 
@@ -46,43 +47,6 @@ _KEY = re.compile(r"^/?(?!\.\.?$)[^/\x00]{1,255}$")
 #: regions registered at once (each a mapping and a file descriptor's worth of kernel state)
 MAX_REGIONS = 1024
 KINDS = ("system", "cuda")
-
-
-class Region:
-    """A registered region: its mapping and the number of requests using it now."""
-
-    kind = "system"
-
-    def __init__(self, name: str, byte_size: int) -> None:
-        self.name = name
-        self.byte_size = byte_size
-        self.users = 0
-        self.registered = True
-
-    def check(self, ref: ShmRef, what: str) -> None:
-        if ref.offset + ref.byte_size > self.byte_size:
-            raise ProtocolError(
-                f"{what} needs bytes {ref.offset}..{ref.offset + ref.byte_size} of shared-memory region "
-                f"{self.name!r}, which has {self.byte_size}; check shared_memory_offset and byte_size"
-            )
-
-    def release(self) -> None:
-        """Drop a user; the last one out of an unregistered region unmaps it."""
-        self.users -= 1
-        if not self.registered and self.users == 0:
-            self.close()
-
-    def read(self, ref: ShmRef, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        raise NotImplementedError
-
-    def write(self, ref: ShmRef, data: bytes | memoryview) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def status(self) -> dict[str, Any]:
-        raise NotImplementedError
 
 
 class SystemRegion(Region):

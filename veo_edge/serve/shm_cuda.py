@@ -14,7 +14,7 @@ import numpy as np
 
 from veo_edge.errors import VeoEdgeError
 from veo_edge.serve.protocol import ProtocolError, ShmRef
-from veo_edge.serve.shm import Region
+from veo_edge.serve.shm_region import Region
 
 IPC_HANDLE_BYTES = 64  # CUDA_IPC_HANDLE_SIZE
 
