@@ -197,9 +197,7 @@ def _wait(
                 f"service {service.name} is pending: {reason} (constraint {constraint(facts.target)}; "
                 f"label a node: docker node update --label-add {NODE_LABEL}={facts.target} NODE)"
             )
-        good = [
-            t for t in current if t["state"] == "running" and t["health"] == "healthy" and t["image"] == bound
-        ]
+        good = _healthy(tasks, bound)
         updating = ustate == "updating"
         if len(good) >= wanted and not updating:
             return ServiceResult(service.name, facts.ref, action, tasks, waited, bound)
@@ -217,16 +215,24 @@ def _healthy_after_rollback(service: Any, wanted: int, deadline: float) -> str:
     while True:
         service.reload()
         image = service.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"]
-        good = [
-            t for t in _tasks(service)
-            if t["desired"] == "running" and t["state"] == "running" and t["health"] == "healthy"
-            and t["image"] == image
-        ]  # fmt: skip
+        good = _healthy(_tasks(service), image)
         if len(good) >= wanted:
             return f"the previous release is healthy on {len(good)}/{wanted} tasks"
         if time.monotonic() >= deadline:
             return f"only {len(good)}/{wanted} tasks of the previous release are healthy so far"
         time.sleep(0.5)
+
+
+def _healthy(tasks: list[dict[str, Any]], image: str) -> list[dict[str, Any]]:
+    """The tasks of ``image`` meant to run that are running and healthy."""
+    return [
+        t
+        for t in tasks
+        if t["desired"] == "running"
+        and t["state"] == "running"
+        and t["health"] == "healthy"
+        and t["image"] == image
+    ]
 
 
 def _failures(tasks: list[dict[str, Any]]) -> str:
