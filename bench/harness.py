@@ -123,11 +123,14 @@ def server(
     set them), up until ``/v2/health/ready`` answers 200; SIGTERM at exit. ``tree``: serve that
     checkout's ``veo_edge`` (``PYTHONPATH``); ``env`` is added to the server's environment."""
     ports = [a for a in ("--grpc-port", "--metrics-port") if a not in args]
-    cmd = [sys.executable, "-m", "veo_edge.cli.main", "serve", str(build), "--port", "0"]
+    cmd = [sys.executable, "-m", "veo_edge.cli.main", "serve", str(Path(build).resolve()), "--port", "0"]
     cmd += [x for a in ports for x in (a, "0")] + list(args)
     env = {**os.environ, **({"PYTHONPATH": str(Path(tree).resolve())} if tree else {}), **(env or {})}
+    # run in the tree: ``-m`` puts the working directory ahead of PYTHONPATH, so a bench started in
+    # another checkout would otherwise serve that checkout's code
+    cwd = str(Path(tree).resolve()) if tree else None
     with tempfile.NamedTemporaryFile("w+", suffix=".log") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         try:
             deadline, port = time.monotonic() + timeout, None
             while port is None or not _ready(port):
