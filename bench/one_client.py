@@ -307,11 +307,28 @@ def transfer(nbytes: int, requests: int, idle_s: float) -> tuple[float, float]:
     )
 
 
+def worker_wait(xml: str, x, requests: int, gap_s: float = 0.003) -> tuple[float, float]:
+    """Median process CPU (us) in the ``gap_s`` after a lone sync infer returns, this thread asleep, and
+    the infer (us): what oneTBB's worker_wait (OpenVINO's workers spinning after their task, by design)
+    takes of a core just when a server answers and reads the next request."""
+    request = h.sync_request(xml)  # the raw sync compile: f32 stated, LATENCY
+    cpu, infer = [], []
+    for _ in range(requests):
+        t0 = time.perf_counter_ns()
+        request.infer({0: x})
+        c0, t1 = time.process_time_ns(), time.perf_counter_ns()
+        time.sleep(gap_s)
+        cpu.append((time.process_time_ns() - c0) / 1e3)
+        infer.append((t1 - t0) / 1e3)
+    return statistics.median(cpu[30:]), statistics.median(infer[30:])
+
+
 def cmd_floor(args) -> None:
     """The machine's floors under the 1-client target, with no HTTP and no veo-edge code: an asyncio
     (uvloop) task hands one infer (the build's IR, f32, LATENCY, batch 1) to a worker thread (a condition
     variable, as the batcher does) and awaits it through asyncio.wrap_future, or runs OpenVINO's own
-    start_async with a callback: the time to the infer's start and back to the task. And one request body
+    start_async with a callback: the time to the infer's start and back to the task. The process CPU in the
+    3 ms after a lone infer returns, while the caller sleeps (oneTBB's worker_wait). And one request body
     sent over loopback into a bare uvloop protocol that only counts bytes, idling the model's compute time
     between requests: first byte sent to last byte read."""
     if args.requests <= 30:
@@ -326,11 +343,18 @@ def cmd_floor(args) -> None:
                 "there_us": ("to the infer / transfer µs", "{:.0f}"),
                 "back_us": ("back to the task µs", "{:.0f}"),
                 "infer_us": ("infer µs", "{:.0f}"),
+                "cpu_us": ("process CPU after it µs", "{:.0f}"),
             },
         )
         for mode in ("thread", "openvino-async"):
             there, back, infer = handoff(xml, x, args.requests, mode)
             table.add(floor=f"hand-off ({mode})", there_us=there, back_us=back, infer_us=infer)
+        spin, infer = worker_wait(xml, x, args.requests)
+        table.add(
+            floor="CPU in the 3 ms after a lone infer (OpenVINO's workers spinning)",
+            cpu_us=spin,
+            infer_us=infer,
+        )
         took, reads = transfer(x.nbytes + 400, args.requests, infer / 1e6)
         table.add(floor=f"a {x.nbytes + 400} B body over loopback ({reads:g} reads)", there_us=took)
     h.emit([table], args.json)
