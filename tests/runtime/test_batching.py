@@ -391,3 +391,39 @@ def test_a_caller_that_reads_the_stats_after_its_answer_sees_its_batch() -> None
         f.result(timeout=30)
     b.close()
     assert counted == [(1, 1), (2, 2), (3, 3)]
+
+
+def test_run_alone_runs_a_lone_sample_on_the_callers_thread_and_refuses_while_busy() -> None:
+    """run_alone: the sample runs here (no hand-off), counted as a batch closed "alone"; while anything
+    else is queued, running or announced it refuses (None) and nothing runs."""
+    threads: list[int] = []
+    release, running = threading.Event(), threading.Event()
+
+    def record(x: np.ndarray) -> np.ndarray:
+        threads.append(threading.get_ident())
+        if len(threads) == 2:  # the second batch (a submitted one) holds its slot until released
+            running.set()
+            assert release.wait(30)
+        return double(x)
+
+    b = Batcher(record, SHAPE, "float32", max_batch=8, max_delay_ms=600_000, max_queue=16)
+    x = np.full(SHAPE, 3.0, np.float32)
+    with b.expect() as arrival:  # this request's own announcement does not count as another
+        done = b.run_alone(x, arrival)
+    assert done is not None and done.done() and float(done.result()[0]) == 6.0
+    assert threads == [threading.get_ident()] and b.arriving == 0
+
+    busy = b.submit(x)  # runs on the batching thread and holds it
+    assert running.wait(30)
+    assert b.run_alone(x) is None  # a batch is running
+    release.set()
+    assert float(busy.result(timeout=30)[0]) == 6.0
+    other = b.expect()  # another request on its way
+    assert b.run_alone(x) is None
+    other.done()
+    assert b.run_alone(x) is not None
+    b.close()
+    assert b.run_alone(x) is None  # closed
+    s = b.stats()
+    assert s.close_reasons["alone"] == 2 and s.batch_size_counts == {1: 3}
+    assert len(threads) == 3 and threads[1] != threading.get_ident() and threads[2] == threads[0]

@@ -28,6 +28,12 @@ def serve(
     ),
     max_queue: int = typer.Option(256, "--max-queue", help="Samples queued before requests get 503."),
     max_queue_delay_ms: float = typer.Option(2.0, "--max-queue-delay-ms", help="Batching window."),
+    lone_max_ms: float = typer.Option(
+        50.0,
+        "--lone-max-ms",
+        help="A lone request runs on the event loop's thread, no hand-off, while its compute takes at most "
+        "this many ms (0: never).",
+    ),
     infer_timeout: float = typer.Option(60.0, "--infer-timeout", help="Seconds before an infer gets 504."),
     read_timeout: float = typer.Option(
         30.0, "--read-timeout", help="Seconds a request may take to arrive whole (408 after)."
@@ -113,6 +119,8 @@ def serve(
         )
     if read_timeout <= 0:
         raise UsageError(f"--read-timeout {read_timeout} must be positive")
+    if lone_max_ms < 0:
+        raise UsageError(f"--lone-max-ms {lone_max_ms} must be 0 (never) or more")
     access = make_policy(model_control_mode, load_token(control_token_file), (restrict_api or "").split(","))
     names = [p.strip() for p in policy.split(",") if p.strip()] if policy is not None else None
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -132,6 +140,7 @@ def serve(
         warmup=warmup,
         shared_memory=shared_memory,
         access=access,
+        lone_max_ms=lone_max_ms,
     )
 
     def runtime_for(build) -> Callable[[], Runtime]:

@@ -27,6 +27,11 @@ allows. The batch is stacked into the leading rows of its slot's input buffer (o
 each caller's future is resolved with its own row of the output, copied so that no caller holds a view
 of a shared array.
 
+A caller may also run a lone sample on its own thread (:meth:`Batcher.run_alone`) when nothing is
+queued, running or on its way: the batch of one is run and counted as any other (close reason
+``alone``), without the hand-off to a batching thread and back (the event loop of ``veo-edge serve``
+at one client: see :mod:`veo_edge.serve.alone`).
+
 Every accepted sample is answered exactly once: with its output, or with the exception that the batch
 raised. The queue is bounded; a full queue rejects at once with :class:`~veo_edge.errors.OverloadedError`.
 """
@@ -155,6 +160,7 @@ class Batcher:
         self._forming = threading.Lock()  # one slot forms a batch at a time; the others wait here
         #: per slot, one input buffer of max_batch samples; a batch of n stacks into its first n rows
         self._buffers: list[np.ndarray | None] = [None] * slots
+        self._alone_buffer: np.ndarray | None = None  # run_alone's, of one sample
         self._stats = BatcherStats()
         self._stats_lock = threading.Lock()
         self._threads = [
@@ -208,6 +214,25 @@ class Batcher:
             self._queue.extend(_Item(x, f, now, rid) for x, f in zip(samples, futures, strict=True))
             self._cond.notify()
         return futures
+
+    def run_alone(self, sample: np.ndarray, arrival: Arrival | None = None) -> Future | None:
+        """Run one sample on the calling thread now, if nothing else is queued, running or announced
+        (``arrival``: this sample's own announcement); returns its future, already resolved, or ``None``
+        when the batcher is busy (then :meth:`submit` it). The batch is counted like any other."""
+        with self._cond:
+            own = 1 if arrival is not None and arrival.left else 0
+            if not self._accepting or self._queue or self._running or self._arriving - own > 0:
+                return None
+            if own:
+                arrival.left -= 1
+                self._arriving -= 1
+            self._consume_returning(1 - own)
+            self._running += 1
+            self._requests += 1
+            item = _Item(sample, Future(), time.perf_counter_ns(), self._requests)
+        item.future.set_running_or_notify_cancel()
+        self._run([item], self.slots, "alone")
+        return item.future
 
     def _consume_returning(self, n: int) -> None:
         """``n`` samples came (or were announced): each stands for one caller expected back. Under _cond."""
@@ -314,6 +339,10 @@ class Batcher:
             del taken, taken_items, items
 
     def _buffer(self, n: int, slot: int) -> np.ndarray:
+        if slot == self.slots:  # run_alone's, beside the slots' threads
+            if self._alone_buffer is None:
+                self._alone_buffer = np.empty((1, *self.sample_shape), self.dtype)
+            return self._alone_buffer[:n]
         buf = self._buffers[slot]
         if buf is None:
             buf = self._buffers[slot] = np.empty((self.max_batch, *self.sample_shape), self.dtype)

@@ -285,6 +285,16 @@ class Runtime:
         assert self._batcher is not None
         return self._batcher.submit_many(list(x), arrival)
 
+    def run_alone(self, sample: np.ndarray, arrival: Arrival | None = None) -> Future | None:
+        """Run one sample (``input_shape``) on the calling thread if the batcher is idle (nothing queued,
+        running or announced but ``arrival``); its resolved future, or ``None``: :meth:`submit` it."""
+        self._require_open()
+        if not isinstance(sample, np.ndarray) or tuple(sample.shape) != self.input_shape:
+            raise InputError(f"run_alone takes one sample of shape {self.input_shape}")
+        self._check_dtype(sample)
+        assert self._batcher is not None
+        return self._batcher.run_alone(sample, arrival)
+
     def expect(self, n: int = 1) -> Arrival:
         """Announce ``n`` samples a transport has begun to receive, so that a partial batch may wait for
         them (within the queue delay); pass the result to :meth:`submit` or exit it as a context."""

@@ -29,6 +29,7 @@ from veo_edge.errors import InputError, NoBackendError, OverloadedError, VeoEdge
 from veo_edge.export.canary import CanaryResult
 from veo_edge.runtime.batching import ClosedError
 from veo_edge.serve import extensions
+from veo_edge.serve.alone import LoneRequests
 from veo_edge.serve.control import AccessPolicy
 from veo_edge.serve.health import canary_to_json, load_canary
 from veo_edge.serve.metrics import HttpCounters, ServeCollector, make_registry
@@ -60,15 +61,24 @@ class ServeOptions:
     shared_memory: bool = False
     #: model control mode and the API groups behind a bearer token (:mod:`veo_edge.serve.control`)
     access: AccessPolicy = field(default_factory=AccessPolicy)
+    #: a lone request runs on the event loop's thread while its compute takes at most this many ms
+    #: (0: never; :mod:`veo_edge.serve.alone`)
+    lone_max_ms: float = 50.0
 
 
 class InferenceService:
     """One model served by one runtime: readiness, metadata, statistics, repository and inference."""
 
     def __init__(
-        self, runtime: Any, options: ServeOptions, make_runtime: Callable[[], Any] | None = None
+        self,
+        runtime: Any,
+        options: ServeOptions,
+        make_runtime: Callable[[], Any] | None = None,
+        alone: LoneRequests | None = None,
     ) -> None:
         self.runtime: Any = runtime
+        #: shared by every model of a server: the requests in progress anywhere (serve/alone.py)
+        self.alone = alone or LoneRequests(options.lone_max_ms)
         self.options = options
         self.make_runtime = make_runtime
         self.build = runtime.build
@@ -325,11 +335,14 @@ class InferenceService:
         """Run a parsed request; returns output name -> array (batch first). ProtocolError on failure.
         ``arrival``: what :meth:`expect` returned for this request, if the transport announced it;
         ``protocol``: the transport it came over, counted with its outcome (``/metrics``)."""
+        self.alone.begin()
         try:
             outputs = await self._infer(name, version, request, arrival)
         except ProtocolError as e:
             self.counters.infer_requests[(protocol, e.status)] += 1
             raise
+        finally:
+            self.alone.end()
         self.counters.infer_requests[(protocol, 200)] += 1
         return outputs
 
@@ -343,8 +356,9 @@ class InferenceService:
             raise ProtocolError(f"model {name!r} is unloaded; POST /v2/repository/models/{name}/load", 503)
         x = request.inputs[model.inputs[0].name]
         try:
+            futures = self._on_loop(runtime, x, arrival)
             # all of the request's samples at once (or none), so that they can share one batch
-            futures = runtime.submit_many(x, arrival)
+            futures = futures or runtime.submit_many(x, arrival)
         except OverloadedError as e:
             self.counters.infer_rejected["REJECTED"] += 1
             raise ProtocolError(f"overloaded: {e}", 503) from e
@@ -355,9 +369,12 @@ class InferenceService:
             self.counters.infer_rejected["UNAVAILABLE"] += 1
             raise ProtocolError(f"the model cannot take requests now: {e}", 503) from e
         try:
-            results = await asyncio.wait_for(
-                asyncio.gather(*(asyncio.wrap_future(f) for f in futures)), self.options.infer_timeout_s
-            )
+            if len(futures) == 1 and futures[0].done():  # ran here, on the loop
+                results = [futures[0].result()]
+            else:
+                results = await asyncio.wait_for(
+                    asyncio.gather(*(asyncio.wrap_future(f) for f in futures)), self.options.infer_timeout_s
+                )
         except asyncio.TimeoutError as e:
             raise ProtocolError(
                 f"inference did not finish within {self.options.infer_timeout_s} s", 504
@@ -375,3 +392,16 @@ class InferenceService:
         out = np.stack(results) if len(results) > 1 else results[0][None]
         self.infer_answered += 1
         return {model.outputs[0].name: out}
+
+    def _on_loop(self, runtime: Any, x: np.ndarray, arrival: Any) -> list[Any] | None:
+        """A lone sample run here, on the event loop's thread, when :mod:`veo_edge.serve.alone` allows
+        and the batcher is idle: its resolved future; ``None``: submit it."""
+        run_alone = getattr(runtime, "run_alone", None)
+        if len(x) != 1 or run_alone is None or not self.alone.on_loop():
+            return None
+        start = time.perf_counter()
+        done = run_alone(x[0], arrival)
+        if done is None:
+            return None
+        self.alone.ran((time.perf_counter() - start) * 1e3)
+        return [done]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from veo_edge.serve.alone import LoneRequests
 from veo_edge.serve.app import InferenceService, ServeOptions
 from veo_edge.serve.http import HttpApp, start_decoder
 from veo_edge.serve.images import ImageModels
@@ -80,8 +81,9 @@ async def _make_runtimes(makers: dict[str, Callable[[], Any]]) -> dict[str, Any]
 
 
 async def _serve(runtimes, makers, options, listeners, grpc_server, app_args, on_listening) -> int:
+    alone = LoneRequests(options.lone_max_ms)  # one for the server: requests in progress anywhere
     services = {
-        name: InferenceService(rt, replace(options, model_name=name), makers.get(name))
+        name: InferenceService(rt, replace(options, model_name=name), makers.get(name), alone)
         for name, rt in runtimes.items()
     }
     service: Any = next(iter(services.values())) if len(services) == 1 else ModelSet(services)

@@ -1,0 +1,114 @@
+"""Lone requests on the event loop's thread (veo_edge/serve/alone.py), on real servers: one client's
+requests run there after a streak and answer what the batcher answers; two concurrent clients are seen
+within one probe and go back to the batcher; a compute over --lone-max-ms stops it; 0 turns it off."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+
+import numpy as np
+
+from veo_edge.serve.protocol import encode_infer_request
+
+STREAK, PROBE_EVERY = 8, 16  # LoneRequests' defaults
+SHAPE = (1, 3, 32, 32)
+
+
+def infer(port: int, x: np.ndarray) -> np.ndarray:
+    body, hlen = encode_infer_request({"input": x}, binary=True)
+    headers = {"Inference-Header-Content-Length": str(hlen)}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("POST", "/v2/models/vit-nano/infer", body=body, headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        assert resp.status == 200, data[:300]
+    finally:
+        conn.close()
+    hlen = int(resp.getheader("Inference-Header-Content-Length"))
+    head = json.loads(data[:hlen])
+    return np.frombuffer(data[hlen:], np.float32).reshape(head["outputs"][0]["shape"])
+
+
+def closed(server) -> dict[str, float]:
+    """veo_edge_batches_closed_total by reason."""
+    status, _, body = server.request("GET", "/metrics")
+    assert status == 200
+    out: dict[str, float] = {}
+    for line in body.decode().splitlines():
+        if line.startswith('veo_edge_batches_closed_total{model="vit-nano"'):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            out[reason] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_one_client_runs_on_the_loop_and_gets_the_batchers_answers(serve, nano_build):
+    xs = np.random.default_rng(0).standard_normal((40, *SHAPE)).astype(np.float32)
+    on, off = serve(nano_build), serve(nano_build, "--lone-max-ms", "0")
+    got_on = [infer(on.port, x) for x in xs]
+    got_off = [infer(off.port, x) for x in xs]
+    for a, b in zip(got_on, got_off, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)  # one compile either way (f32, batch 1)
+    c_on, c_off = closed(on), closed(off)
+    # the first STREAK requests build the streak; after it every PROBE_EVERY-th one is a probe
+    assert c_on.get("alone", 0) >= len(xs) - STREAK - len(xs) // PROBE_EVERY - 1, c_on
+    assert c_off.get("alone", 0) == 0 and sum(c_off.values()) >= len(xs), c_off
+
+
+def test_concurrency_is_seen_within_a_probe_and_goes_back_to_the_batcher(serve, nano_build):
+    """Each compute takes 30 ms (slow_ms), so two clients overlap for sure: once a probe leaves the loop
+    free, the other client's request arrives while one is in progress and the streak ends."""
+    server = serve(nano_build, env={"VEO_EDGE_FAULTS": json.dumps({"*": {"slow_ms": 30}})})
+    x = np.zeros(SHAPE, np.float32)
+    want = infer(server.port, x)
+    for _ in range(STREAK + 2):  # one client: the streak, then requests on the loop
+        np.testing.assert_allclose(infer(server.port, x), want, rtol=0, atol=1e-6)
+    before = closed(server)
+    assert before.get("alone", 0) >= 1, before
+    errors: list[BaseException] = []
+
+    def client() -> None:
+        try:
+            for _ in range(20):
+                np.testing.assert_allclose(infer(server.port, x), want, rtol=0, atol=1e-6)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=client) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    after = closed(server)
+    on_loop = after.get("alone", 0) - before.get("alone", 0)
+    batched = sum(after.values()) - sum(before.values()) - on_loop
+    # at most the requests before the first probe ran on the loop; the rest went to the batcher
+    assert on_loop <= PROBE_EVERY and batched >= 40 - PROBE_EVERY, (before, after)
+
+
+def test_a_compute_over_the_bound_stops_it(serve, nano_build):
+    server = serve(
+        nano_build, "--lone-max-ms", "20", env={"VEO_EDGE_FAULTS": json.dumps({"*": {"slow_ms": 40}})}
+    )
+    x = np.zeros(SHAPE, np.float32)
+    for _ in range(STREAK + 6):
+        infer(server.port, x)
+    assert closed(server).get("alone", 0) == 1  # the first one, which took 40 ms > 20
+    assert "held the event loop" in server.log.read_text()
+
+
+def test_a_negative_bound_is_refused_in_one_line(nano_build, tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "veo_edge.cli.main", "serve", str(nano_build), "--lone-max-ms", "-1"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "--lone-max-ms -1.0 must be 0 (never) or more" in done.stderr
