@@ -118,3 +118,20 @@ def test_a_standby_that_fails_for_good_is_dropped_and_nothing_is_lost(nano_build
     assert stats["standby_backend"] is None and state.active_backend == "openvino"
     statuses = {c.name: (c.status, c.reason) for c in state.candidates}
     assert statuses["onnxruntime"][0] == "failed" and "dead_after=1" in statuses["onnxruntime"][1]
+
+
+def test_run_alone_runs_on_the_caller_only_while_the_backends_are_steady(nano_build: Path) -> None:
+    """A lone sample runs on the caller's thread (serve: the event loop) with a warm standby; after a
+    fault it goes through the batcher, so that no retry, switch or activation ever runs on the caller."""
+    x = seeded_inputs((3, 32, 32), 1, 5)
+    want = reference(nano_build, x)[0]
+    with veo_edge.Runtime(nano_build, policy=CHAIN, faults={"openvino": {"every_nth": 3}}) as rt:
+        ran = [rt.run_alone(x[0]) for _ in range(2)]  # calls 1 and 2 succeed, here
+        assert all(f is not None and f.done() for f in ran)
+        np.testing.assert_allclose(ran[0].result(), want, rtol=1e-4, atol=1e-4)
+        third = rt.run_alone(x[0])  # the 3rd call fails on OpenVINO and is retried on the standby
+        assert third is not None
+        np.testing.assert_allclose(third.result(), want, rtol=1e-4, atol=1e-4)
+        assert rt.run_alone(x[0]) is None  # a fault was seen: not steady any more
+        np.testing.assert_allclose(rt.submit(x[0]).result(timeout=60), want, rtol=1e-4, atol=1e-4)
+        assert rt.stats()["close_reasons"] == {"alone": 3, "nothing_expected": 1}

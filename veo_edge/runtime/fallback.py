@@ -119,6 +119,26 @@ class Fallback:
         """Whether any switch (a failure or a recovery) has happened."""
         return bool(self._switches)
 
+    def steady(self) -> bool:
+        """Whether a batch run now needs nothing but its compute: an active runner, no fault or switch
+        ever, nothing due, the gate free, and every candidate after the active one warm or out of the
+        running (a retry would not activate one). :meth:`Runtime.run_alone` runs a lone sample on its
+        caller's thread (``serve``: the event loop) only then."""
+        with self._lock:
+            if (
+                self._active is None
+                or self._closed
+                or self._switches
+                or self.tally.faults
+                or self._due is not None
+                or self._retired
+                or self._prepare_due
+                or self.gate.held
+            ):
+                return False
+            later = range(self._active + 1, len(self.names))
+            return all(j in self._held or self._status[self.names[j]].status != "untried" for j in later)
+
     def state(self, *, started: bool, closed: bool) -> RuntimeState:
         with self._lock:
             return RuntimeState(

@@ -18,6 +18,11 @@ class Gate:
         self._owner: int | None = None
         self._depth = 0
 
+    @property
+    def held(self) -> bool:
+        """Whether a thread holds the exclusive side (activation, a switch, closing)."""
+        return self._owner is not None
+
     @contextlib.contextmanager
     def shared(self):
         me = threading.get_ident()

@@ -287,12 +287,16 @@ class Runtime:
 
     def run_alone(self, sample: np.ndarray, arrival: Arrival | None = None) -> Future | None:
         """Run one sample (``input_shape``) on the calling thread if the batcher is idle (nothing queued,
-        running or announced but ``arrival``); its resolved future, or ``None``: :meth:`submit` it."""
+        running or announced but ``arrival``) and the backends are steady (no fault or switch so far,
+        nothing a retry would have to activate: :meth:`Fallback.steady`); its resolved future, or
+        ``None``: :meth:`submit` it."""
         self._require_open()
         if not isinstance(sample, np.ndarray) or tuple(sample.shape) != self.input_shape:
             raise InputError(f"run_alone takes one sample of shape {self.input_shape}")
         self._check_dtype(sample)
         assert self._batcher is not None
+        if not self._backends.steady():
+            return None
         return self._batcher.run_alone(sample, arrival)
 
     def expect(self, n: int = 1) -> Arrival:

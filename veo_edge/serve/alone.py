@@ -9,7 +9,8 @@ instead of running beside this one on another stream. :class:`LoneRequests` deci
 
 - a request runs on the loop only after ``streak`` requests in a row arrived with no other inference
   request in progress in the server (any model, over HTTP and gRPC alike), and only while the runtime's
-  batcher is idle (it refuses otherwise);
+  batcher is idle and its backends are steady (it refuses otherwise: no retry, switch or activation
+  ever runs on the loop);
 - every ``probe_every``-th of those goes through the batcher instead, leaving the loop free during its
   compute: a request that arrives meanwhile finds it in progress, which ends the streak. Concurrency
   that starts while requests run on the loop is therefore seen within ``probe_every`` requests;
