@@ -93,8 +93,7 @@ class Fallback:
         self._status = {n: CandidateStatus(n, "untried") for n in self.names}
         for n in disabled:
             self._status[n] = CandidateStatus(n, "disabled", "fallback is off (--no-fallback)")
-        # bounded histories: a runtime that probes for recovery for days must not grow without limit
-        self._skipped: deque[dict[str, str]] = deque(maxlen=HISTORY)
+        self._skipped: deque[dict[str, str]] = deque(maxlen=HISTORY)  # bounded: recovery may probe for days
         self._switches: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._verified: dict[str, Any] = {}
         self.fallback_count = 0  # failures switched away from, counted beyond the history's length
@@ -120,24 +119,12 @@ class Fallback:
         return bool(self._switches)
 
     def steady(self) -> bool:
-        """Whether a batch run now needs nothing but its compute: an active runner, no fault or switch
-        ever, nothing due, the gate free, and every candidate after the active one warm or out of the
-        running (a retry would not activate one). :meth:`Runtime.run_alone` runs a lone sample on its
-        caller's thread (``serve``: the event loop) only then."""
+        """No fault or switch so far, the gate free and no candidate after the active one untried (a retry
+        would activate none): a batch run now needs only its compute (:meth:`Runtime.run_alone`)."""
         with self._lock:
-            if (
-                self._active is None
-                or self._closed
-                or self._switches
-                or self.tally.faults
-                or self._due is not None
-                or self._retired
-                or self._prepare_due
-                or self.gate.held
-            ):
+            if self._active is None or self._switches or self.tally.faults or self.gate.held:
                 return False
-            later = range(self._active + 1, len(self.names))
-            return all(j in self._held or self._status[self.names[j]].status != "untried" for j in later)
+            return all(self._status[n].status != "untried" for n in self.names[self._active + 1 :])
 
     def state(self, *, started: bool, closed: bool) -> RuntimeState:
         with self._lock:
@@ -170,8 +157,7 @@ class Fallback:
 
     # -- activation -------------------------------------------------------------------------------
     def _try(self, index: int, warm: bool = False) -> Runner | None:
-        """Probe and activate candidate ``index`` (and, with ``warm``, pass it through the warm-up check);
-        ``None`` (and a recorded skip) when it cannot run."""
+        """Candidate ``index`` probed, activated (and with ``warm`` warm-checked); ``None``: skipped."""
         name = self.names[index]
         verdict = self._probe(name)
         reason = verdict.reason
@@ -225,8 +211,7 @@ class Fallback:
         self._set_status(self.names[index], "active")
 
     def prepare_standby(self) -> None:
-        """Activate and warm the first never-tried candidate after the active one as its standby, unless
-        one is held already. Batches keep running meanwhile."""
+        """Warm the first never-tried candidate after the active one as its standby, unless one is held."""
         if not self.fallback:
             return
         with self.gate.shared():
@@ -240,8 +225,7 @@ class Fallback:
 
     # -- running a batch --------------------------------------------------------------------------
     def run(self, feed: dict[str, np.ndarray], output: str) -> np.ndarray:
-        """Run one batch on the active backend; on a failure retry it on the candidates after it (see
-        the module docstring). Several batches may run at once, up to each runner's concurrency."""
+        """One batch on the active backend, retried on the candidates after it (the module docstring)."""
         with self.gate.shared():
             index = self._active
             held = self._held.get(index) if index is not None else None
@@ -350,8 +334,7 @@ class Fallback:
             self._prepare_in_background()
 
     def _switch(self, index: int, error: BaseException) -> None:
-        """Move traffic off candidate ``index`` (under the exclusive side of the gate): to its standby,
-        or to the next candidate that activates and warms now; to none when none does."""
+        """Move traffic off ``index`` (exclusive gate held): to its standby, else the next that warms."""
         failed = self.names[index]
         reason = f"{type(error).__name__}: {error}"
         held = self._held.pop(index)
@@ -368,19 +351,21 @@ class Fallback:
             except NoBackendError as e:
                 log.error("backend %s failed and no backend is left: %s", failed, short(str(e), 400))
         to = self.active_backend
-        with self._lock:
-            self._switches.append({"from": failed, "to": to, "reason": reason, "at": time.time()})
-            self.fallback_count += 1
+        self._record(failed, to, reason, failure=True)
         log.warning("backend %s failed (%s); traffic moved to %s", failed, short(reason), to or "none")
 
+    def _record(self, frm: str, to: str | None, reason: str, failure: bool = False) -> None:
+        with self._lock:
+            self._switches.append({"from": frm, "to": to, "reason": reason, "at": time.time()})
+            self.fallback_count += failure
+
     def recover(self, only_if_none_active: bool = False) -> bool:
-        """Return to a candidate ahead of the active one, or to any when none is active; True if moved.
-        The one returned to passes the warm-up check first; the one left becomes its standby. Takes
-        the exclusive side of the gate (re-entrant: a caller may hold it already)."""
+        """Back to a warm-checked candidate ahead of the active one (any, when none is); True if moved.
+        The one left becomes its standby. Takes the exclusive gate (re-entrant)."""
         with self.gate:
             if only_if_none_active and self._active is not None:
                 return False
-            upto = len(self.names) if self._active is None else self._active
+            upto, moved = len(self.names) if self._active is None else self._active, False
             for i in range(upto):
                 if self._status[self.names[i]].status == "disabled":
                     continue
@@ -394,16 +379,11 @@ class Fallback:
                 for k in sorted(k for k in tuple(self._held) if k > i)[1:]:  # one standby is enough
                     release(self._held.pop(k).runner, self.names[k])
                     self._set_status(self.names[k], "untried")
-                with self._lock:
-                    frm = "none" if old is None else self.names[old]
-                    self._switches.append(
-                        {"from": frm, "to": self.names[i], "reason": "recovered", "at": time.time()}
-                    )
+                frm = "none" if old is None else self.names[old]
+                self._record(frm, self.names[i], "recovered")
                 log.warning("backend %s usable again; switched back from %s", self.names[i], frm)
                 moved = True
                 break
-            else:
-                moved = False
         if moved:
             self._prepare_in_background()
         return moved

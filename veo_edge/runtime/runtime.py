@@ -8,15 +8,11 @@ visible fallback that loses no request.
         fut = rt.submit(sample)                           # one sample through the dynamic batcher
         print(rt.state.to_dict(), rt.stats())
 
-Selection: the candidates of the policy (default tensorrt -> onnxruntime-cuda -> openvino -> onnxruntime)
-are probed in order (see :mod:`veo_edge.runtime.policy`); every skip is recorded with its reason in
-``state.skipped``. The first usable one is active; the next usable one is activated and warmed with the
-golden canary at the largest batch as its standby. Mid-run: a batch that fails is retried on the
-standby (and every later candidate), a lost device or repeated failures move traffic to the standby;
-faults, retries and switches are counted (see :mod:`veo_edge.runtime.fallback`). Every request is
-answered exactly once. With ``fallback=False`` only the first candidate is eligible and its failures
-are errors. Faults can be injected through ``faults`` or ``$VEO_EDGE_FAULTS`` (see :mod:`veo_edge.runtime.faults`).
-"""
+Selection: the policy's candidates (default tensorrt -> onnxruntime-cuda -> openvino -> onnxruntime) are
+probed in order (:mod:`veo_edge.runtime.policy`), each skip recorded in ``state.skipped``; the first
+usable one is active, the next a warmed standby. Retries, switches and their counts:
+:mod:`veo_edge.runtime.fallback`; every request is answered exactly once. ``fallback=False``: only the
+first candidate, its failures are errors. Injected faults: ``faults`` or ``$VEO_EDGE_FAULTS``."""
 
 from __future__ import annotations
 
@@ -257,18 +253,7 @@ class Runtime:
 
     def submit(self, sample: np.ndarray, arrival: Arrival | None = None) -> Future:
         """Queue one sample (``input_shape`` or ``(1, *input_shape)``) for the dynamic batcher."""
-        self._require_open()
-        if not isinstance(sample, np.ndarray):
-            raise InputError(f"sample is a {type(sample).__name__}, expected a numpy array")
-        shape = tuple(sample.shape)
-        if shape not in (self.input_shape, (1, *self.input_shape)):
-            raise InputError(
-                f"sample has shape {shape}, expected one sample of shape {self.input_shape} "
-                f"(or (1, {', '.join(map(str, self.input_shape))})); use infer() for batches"
-            )
-        self._check_dtype(sample)
-        assert self._batcher is not None
-        return self._batcher.submit(sample.reshape(self.input_shape), arrival)
+        return self._batcher.submit(self._one(sample), arrival)
 
     def submit_many(self, x: np.ndarray, arrival: Arrival | None = None) -> list[Future]:
         """Queue the samples of a batch ``(N, *input_shape)`` at once, all or none (a full queue raises
@@ -286,22 +271,28 @@ class Runtime:
         return self._batcher.submit_many(list(x), arrival)
 
     def run_alone(self, sample: np.ndarray, arrival: Arrival | None = None) -> Future | None:
-        """Run one sample (``input_shape``) on the calling thread if the batcher is idle (nothing queued,
-        running or announced but ``arrival``) and the backends are steady (no fault or switch so far,
-        nothing a retry would have to activate: :meth:`Fallback.steady`); its resolved future, or
-        ``None``: :meth:`submit` it."""
+        """One sample run on the calling thread when the batcher is idle (nothing queued, running or
+        announced but ``arrival``) and the backends steady (:meth:`Fallback.steady`): its resolved
+        future; ``None``: :meth:`submit` it."""
+        x = self._one(sample)
+        return self._batcher.run_alone(x, arrival) if self._backends.steady() else None
+
+    def _one(self, sample: np.ndarray) -> np.ndarray:
+        """``sample`` checked, shaped ``input_shape``."""
         self._require_open()
-        if not isinstance(sample, np.ndarray) or tuple(sample.shape) != self.input_shape:
-            raise InputError(f"run_alone takes one sample of shape {self.input_shape}")
+        if not isinstance(sample, np.ndarray):
+            raise InputError(f"sample is a {type(sample).__name__}, expected a numpy array")
+        shape = tuple(sample.shape)
+        if shape not in (self.input_shape, (1, *self.input_shape)):
+            raise InputError(
+                f"sample has shape {shape}, expected one sample of shape {self.input_shape} "
+                f"(or (1, {', '.join(map(str, self.input_shape))})); use infer() for batches"
+            )
         self._check_dtype(sample)
-        assert self._batcher is not None
-        if not self._backends.steady():
-            return None
-        return self._batcher.run_alone(sample, arrival)
+        return sample.reshape(self.input_shape)
 
     def expect(self, n: int = 1) -> Arrival:
-        """Announce ``n`` samples a transport has begun to receive, so that a partial batch may wait for
-        them (within the queue delay); pass the result to :meth:`submit` or exit it as a context."""
+        """Announce ``n`` samples being received (a forming batch may wait); pass it to :meth:`submit`."""
         self._require_open()
         assert self._batcher is not None
         return self._batcher.expect(n)
@@ -357,17 +348,14 @@ class Runtime:
         return out
 
     def _maybe_recover(self) -> None:
-        if self.recover_interval_s is None or not self._backends.switched:
-            return
-        now = time.monotonic()
-        if now - self._last_recover >= self.recover_interval_s:
-            self._last_recover = now
+        due = self.recover_interval_s is not None and self._backends.switched
+        if due and time.monotonic() - self._last_recover >= self.recover_interval_s:
+            self._last_recover = time.monotonic()
             self.try_recover()
 
     def try_recover(self, only_if_none_active: bool = False) -> bool:
-        """Try to return to a candidate ahead of the active one (e.g. the GPU after an OOM), or to any
-        candidate when every one had failed; True if moved. ``only_if_none_active``: do nothing while a
-        backend is active (decided under the lock, so a switch in progress is waited for)."""
+        """Back to a candidate ahead of the active one (the GPU after an OOM), or any when all failed;
+        True if moved. ``only_if_none_active``: not while one is active (decided under the gate)."""
         with self._backends.gate:
             if self._closed or not self._started:
                 return False

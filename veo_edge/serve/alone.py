@@ -21,6 +21,8 @@ instead of running beside this one on another stream. :class:`LoneRequests` deci
 from __future__ import annotations
 
 import logging
+import time
+from typing import Any
 
 log = logging.getLogger("veo_edge.serve")
 
@@ -45,6 +47,19 @@ class LoneRequests:
 
     def end(self) -> None:
         self.in_progress -= 1
+
+    def run(self, runtime: Any, x: Any, arrival: Any) -> list[Any] | None:
+        """Request ``x`` (one sample) run here, on the event loop's thread, when allowed and the runtime
+        takes it (:meth:`veo_edge.Runtime.run_alone`): its resolved future; ``None``: submit it."""
+        run_alone = getattr(runtime, "run_alone", None)
+        if len(x) != 1 or run_alone is None or not self.on_loop():
+            return None
+        start = time.perf_counter()
+        done = run_alone(x[0], arrival)
+        if done is None:
+            return None
+        self.ran((time.perf_counter() - start) * 1e3)
+        return [done]
 
     def on_loop(self) -> bool:
         """Whether this request (one sample, nothing else in progress) may run on the loop now."""

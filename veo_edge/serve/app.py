@@ -356,7 +356,7 @@ class InferenceService:
             raise ProtocolError(f"model {name!r} is unloaded; POST /v2/repository/models/{name}/load", 503)
         x = request.inputs[model.inputs[0].name]
         try:
-            futures = self._on_loop(runtime, x, arrival)
+            futures = self.alone.run(runtime, x, arrival)
             # all of the request's samples at once (or none), so that they can share one batch
             futures = futures or runtime.submit_many(x, arrival)
         except OverloadedError as e:
@@ -392,16 +392,3 @@ class InferenceService:
         out = np.stack(results) if len(results) > 1 else results[0][None]
         self.infer_answered += 1
         return {model.outputs[0].name: out}
-
-    def _on_loop(self, runtime: Any, x: np.ndarray, arrival: Any) -> list[Any] | None:
-        """A lone sample run here, on the event loop's thread, when :mod:`veo_edge.serve.alone` allows
-        and the batcher is idle: its resolved future; ``None``: submit it."""
-        run_alone = getattr(runtime, "run_alone", None)
-        if len(x) != 1 or run_alone is None or not self.alone.on_loop():
-            return None
-        start = time.perf_counter()
-        done = run_alone(x[0], arrival)
-        if done is None:
-            return None
-        self.alone.ran((time.perf_counter() - start) * 1e3)
-        return [done]
