@@ -189,11 +189,7 @@ class Batcher:
         that a batch forming meanwhile sees all of them; one future per sample."""
         futures: list[Future] = [Future() for _ in samples]
         with self._cond:
-            announced = 0
-            if arrival is not None and arrival.left:
-                announced = min(len(samples), arrival.left)
-                arrival.left -= announced
-                self._arriving -= announced
+            announced = self._fulfil(arrival, len(samples))
             if not self._accepting:
                 raise ClosedError("the runtime is closed and accepts no more requests; start a new one")
             if len(self._queue) + len(samples) > self.max_queue:
@@ -223,16 +219,21 @@ class Batcher:
             own = 1 if arrival is not None and arrival.left else 0
             if not self._accepting or self._queue or self._running or self._arriving - own > 0:
                 return None
-            if own:
-                arrival.left -= 1
-                self._arriving -= 1
-            self._consume_returning(1 - own)
+            self._consume_returning(1 - self._fulfil(arrival, 1))
             self._running += 1
             self._requests += 1
             item = _Item(sample, Future(), time.perf_counter_ns(), self._requests)
         item.future.set_running_or_notify_cancel()
         self._run([item], self.slots, "alone")
         return item.future
+
+    def _fulfil(self, arrival: Arrival | None, n: int) -> int:
+        """Count up to ``n`` of ``arrival``'s announced samples as come; how many were. Under _cond."""
+        announced = min(n, arrival.left) if arrival is not None else 0
+        if announced:
+            arrival.left -= announced
+            self._arriving -= announced
+        return announced
 
     def _consume_returning(self, n: int) -> None:
         """``n`` samples came (or were announced): each stands for one caller expected back. Under _cond."""

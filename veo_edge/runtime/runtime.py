@@ -349,8 +349,8 @@ class Runtime:
 
     def _maybe_recover(self) -> None:
         due = self.recover_interval_s is not None and self._backends.switched
-        if due and time.monotonic() - self._last_recover >= self.recover_interval_s:
-            self._last_recover = time.monotonic()
+        if due and (now := time.monotonic()) - self._last_recover >= self.recover_interval_s:
+            self._last_recover = now
             self.try_recover()
 
     def try_recover(self, only_if_none_active: bool = False) -> bool:

@@ -51,11 +51,10 @@ class LoneRequests:
     def run(self, runtime: Any, x: Any, arrival: Any) -> list[Any] | None:
         """Request ``x`` (one sample) run here, on the event loop's thread, when allowed and the runtime
         takes it (:meth:`veo_edge.Runtime.run_alone`): its resolved future; ``None``: submit it."""
-        run_alone = getattr(runtime, "run_alone", None)
-        if len(x) != 1 or run_alone is None or not self.on_loop():
+        if len(x) != 1 or not self.on_loop():
             return None
         start = time.perf_counter()
-        done = run_alone(x[0], arrival)
+        done = runtime.run_alone(x[0], arrival)
         if done is None:
             return None
         self.ran((time.perf_counter() - start) * 1e3)
