@@ -10,6 +10,7 @@ import http.client
 import json
 import re
 import socket
+import struct
 import threading
 import time
 
@@ -124,6 +125,23 @@ def test_head_on_a_kept_alive_connection(nano_server):
     _, second_body = rest.split(b"\r\n\r\n", 1)
     assert json.loads(second_body)["name"] == "veo-edge"
     assert len(second_body) == length
+
+
+def _data_segments_in(s: socket.socket) -> int:
+    """TCP segments with data this socket has received (Linux's tcp_info.tcpi_data_segs_in)."""
+    return struct.unpack_from("I", s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256), 152)[0]
+
+
+def test_a_response_is_one_send(nano_server):
+    """Head and body leave in one send (serve.transport.OneSend): each answer reaches the client as one
+    TCP segment, HEAD's too. Two sends (uvicorn's way) wake the client twice and read 40 here."""
+    with socket.create_connection(("127.0.0.1", nano_server.port), timeout=10) as s:
+        before = _data_segments_in(s)
+        for method in ["GET"] * 19 + ["HEAD"]:
+            s.sendall(f"{method} /v2/models/vit-nano HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            head = _read_response(s) if method == "GET" else s.recv(65536)
+            assert head.startswith(b"HTTP/1.1 200 "), head[:200]
+        assert _data_segments_in(s) - before == 20
 
 
 def _chunks(data: bytes, size: int):

@@ -24,7 +24,8 @@ What :class:`GuardedProtocol` adds, because uvicorn's httptools protocol has no 
   first response); connections beyond ``max_connections`` get a JSON 503;
 - parser errors answered as JSON ``{"error": ...}`` naming llhttp's reason, like every other error.
 
-Bodies, their per-request and global caps, decompression and routing live in :mod:`veo_edge.serve.http`.
+A response's head goes out with its body in one send (:class:`veo_edge.serve.onesend.OneSend`). Bodies,
+their per-request and global caps, decompression and routing live in :mod:`veo_edge.serve.http`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from veo_edge.errors import VeoEdgeError
+from veo_edge.serve.onesend import OneSend
 
 log = logging.getLogger("veo_edge.serve")
 
@@ -230,6 +232,9 @@ def make_protocol(limits: Limits, on_reject: Callable[[int], None]) -> type:
             if version not in ("1.1", "1.0"):
                 raise _Reject(400, f"HTTP version {version!r} is not supported; send HTTP/1.1")
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and not isinstance(cycle.transport, OneSend):
+                cycle.transport = OneSend(self.transport, cycle)
 
         def on_message_complete(self) -> None:
             self._cancel_deadline()
