@@ -31,8 +31,8 @@ def serve(
     lone_max_ms: float = typer.Option(
         50.0,
         "--lone-max-ms",
-        help="A lone request runs on the event loop's thread, no hand-off, while its compute takes at most "
-        "this many ms (0: never).",
+        help="A lone request runs on the event loop's thread, no hand-off, while the model's lone requests "
+        "take at most this many ms (the median of the last 5; 0: never).",
     ),
     infer_timeout: float = typer.Option(60.0, "--infer-timeout", help="Seconds before an infer gets 504."),
     read_timeout: float = typer.Option(

@@ -335,14 +335,14 @@ class InferenceService:
         """Run a parsed request; returns output name -> array (batch first). ProtocolError on failure.
         ``arrival``: what :meth:`expect` returned for this request, if the transport announced it;
         ``protocol``: the transport it came over, counted with its outcome (``/metrics``)."""
-        self.alone.begin()
+        began = self.alone.begin()
         try:
             outputs = await self._infer(name, version, request, arrival)
         except ProtocolError as e:
             self.counters.infer_requests[(protocol, e.status)] += 1
             raise
         finally:
-            self.alone.end()
+            self.alone.end(self.model.name, began)
         self.counters.infer_requests[(protocol, 200)] += 1
         return outputs
 
@@ -356,7 +356,7 @@ class InferenceService:
             raise ProtocolError(f"model {name!r} is unloaded; POST /v2/repository/models/{name}/load", 503)
         x = request.inputs[model.inputs[0].name]
         try:
-            futures = self.alone.run(runtime, x, arrival)
+            futures = self.alone.run(runtime, x, arrival, self.model.name)
             # all of the request's samples at once (or none), so that they can share one batch
             futures = futures or runtime.submit_many(x, arrival)
         except OverloadedError as e:
