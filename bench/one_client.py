@@ -141,10 +141,13 @@ def cmd_cells(args) -> None:
         precision, xml = h.served_ir(build)
         x, name = h.sample(build, 1), BuildDir.open(build).model_name
         request = h.sync_request(xml)  # compiled once: every pair's raw cell runs it
-        servers = {s.lower(): stack.enter_context(h.server(build, "--performance-hint", s)) for s in hints}
+        shm = ("--shared-memory",) if args.transport.endswith("-shm") else ()
+        servers = {
+            s.lower(): stack.enter_context(h.server(build, "--performance-hint", s, *shm)) for s in hints
+        }
         if args.old:
             servers[f"old {hints[0].lower()}"] = stack.enter_context(
-                h.server(build, "--performance-hint", hints[0], tree=args.old)
+                h.server(build, "--performance-hint", hints[0], *shm, tree=args.old)
             )
         print(
             f"{name} ({precision} IR), 1 client over {args.transport}, {args.pairs} pairs of {args.seconds:g} s"
@@ -385,7 +388,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--old", default=None, help="also serve this tree's code (the first hint)")
     p.add_argument("--pairs", type=int, default=8)
     p.add_argument("--seconds", type=float, default=2.0, help="per cell")
-    p.add_argument("--transport", default="http", choices=("http", "grpc"))
+    p.add_argument("--transport", default="http", choices=("http", "grpc", "http-shm", "grpc-shm"))
     p = h.command(
         sub, "floor", cmd_floor, "the machine's own cost of a thread hand-off and of a loopback body"
     )
