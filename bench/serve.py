@@ -92,7 +92,7 @@ def served_cells(args, build: Path, stack: contextlib.ExitStack, before_round=No
     servers = {who: stack.enter_context(h.server(build, *a, *extra)) for who, a in servers.items()}
     for i, tree in enumerate(args.tree):
         servers[f"tree{i + 1}" if len(args.tree) > 1 else "base"] = stack.enter_context(
-            h.server(build, *extra, tree=tree)
+            h.server(build, *shlex.split(args.server_args), tree=tree)  # no shm cells: older trees lack it
         )
     triton = stack.enter_context(h.pytriton(args.pytriton, build))
     if triton:
