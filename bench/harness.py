@@ -117,13 +117,20 @@ class Server:
 
 @contextlib.contextmanager
 def server(
-    build: Path, *args: str, tree: str | Path | None = None, env: dict | None = None, timeout: float = 120.0
+    build: Path,
+    *args: str,
+    tree: str | Path | None = None,
+    env: dict | None = None,
+    timeout: float = 120.0,
+    entry: str | None = None,
 ) -> Iterator[Server]:
     """``veo-edge serve BUILD ARGS`` on 127.0.0.1 with every port free (gRPC and metrics too, unless ARGS
     set them), up until ``/v2/health/ready`` answers 200; SIGTERM at exit. ``tree``: serve that
-    checkout's ``veo_edge`` (``PYTHONPATH``); ``env`` is added to the server's environment."""
+    checkout's ``veo_edge`` (``PYTHONPATH``); ``env`` is added to the server's environment; ``entry``: a
+    script run instead of ``-m veo_edge.cli.main`` (bench/trace_server.py)."""
     ports = [a for a in ("--grpc-port", "--metrics-port") if a not in args]
-    cmd = [sys.executable, "-m", "veo_edge.cli.main", "serve", str(Path(build).resolve()), "--port", "0"]
+    main = [entry] if entry else ["-m", "veo_edge.cli.main"]
+    cmd = [sys.executable, *main, "serve", str(Path(build).resolve()), "--port", "0"]
     cmd += [x for a in ports for x in (a, "0")] + list(args)
     env = {**os.environ, **({"PYTHONPATH": str(Path(tree).resolve())} if tree else {}), **(env or {})}
     # run in the tree: ``-m`` puts the working directory ahead of PYTHONPATH, so a bench started in
