@@ -5,7 +5,7 @@ server makes two sends and the client wakes for the head alone, then again for t
 stands in for the transport of one request's cycle (``serve.transport`` installs it) and holds the head
 until the body comes. Measured (docs/benchmarks.md): a client receives one TCP segment per answer
 instead of two, and perf_analyzer's turnaround between an answer and its next request fell from
-139-173 µs to 92-143 µs at one client.
+163-205 µs to 74-158 µs at one client (``bench/serve.py trace``).
 """
 
 from __future__ import annotations
