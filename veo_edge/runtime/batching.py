@@ -23,7 +23,8 @@ samples in the system (queued, expected and running, divided by the slots), so t
 stay balanced (four closed-loop clients on two slots: two batches of two, not one of three and one of
 one); the samples of one request (:meth:`Batcher.submit_many`) stay in one batch where ``max_batch``
 allows. The batch is stacked into the leading rows of its slot's input buffer (one per slot, of
-``max_batch`` samples: steady state allocates no new input buffers), run through ``run_batch``, and
+``max_batch`` samples: steady state allocates no new input buffers; a batch of one runs from its
+sample's own array, its caller waiting for the answer), run through ``run_batch``, and
 each caller's future is resolved with its own row of the output, copied so that no caller holds a view
 of a shared array.
 

@@ -61,8 +61,8 @@ class ServeOptions:
     shared_memory: bool = False
     #: model control mode and the API groups behind a bearer token (:mod:`veo_edge.serve.control`)
     access: AccessPolicy = field(default_factory=AccessPolicy)
-    #: a lone request runs on the event loop's thread while its compute takes at most this many ms
-    #: (0: never; :mod:`veo_edge.serve.alone`)
+    #: a lone request runs on the event loop's thread while the model's lone requests take at most this
+    #: many ms, the median of the last 5 (0: never; :mod:`veo_edge.serve.alone`)
     lone_max_ms: float = 50.0
 
 
