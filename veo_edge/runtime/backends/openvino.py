@@ -57,13 +57,28 @@ def _batch_of_one(model: Any) -> Any:
     return one
 
 
-def _run_at_once(requests: list[Any], feeds: list[dict[str, np.ndarray]]) -> None:
+def _write(request: Any, inputs: Sequence[TensorMeta], feed: dict[str, np.ndarray]) -> None:
+    """``feed`` written into ``request``'s own input tensors, shapes compared through numpy: OpenVINO's
+    ``infer(feed)`` reads ``Tensor.shape``, 68 µs right after a compute (docs/benchmarks.md)."""
+    for i, m in enumerate(inputs):
+        tensor, x = request.get_input_tensor(i), feed[m.name]
+        data = tensor.data
+        if data.shape != x.shape:  # a new request of the dynamic compile
+            tensor.shape = x.shape
+            data = tensor.data
+        data[...] = x
+
+
+def _run_at_once(
+    requests: list[Any], feeds: list[dict[str, np.ndarray]], inputs: Sequence[TensorMeta]
+) -> None:
     """Start every infer request on its feed, then wait for every one that started (so none is reused
     while it runs); raise the first error."""
     started, error = [], None
     try:
         for request, feed in zip(requests, feeds, strict=True):
-            request.start_async(feed)
+            _write(request, inputs, feed)
+            request.start_async()
             started.append(request)
     except Exception as e:
         error = e
@@ -276,15 +291,7 @@ class OpenVinoRunner(Runner):
         batch = next(iter(feed.values())).shape[0]
         request = self._take(kind, batch, compiled)
         try:
-            # written into the request's own tensors, shapes compared through numpy: OpenVINO's infer(feed)
-            # reads Tensor.shape, 68 µs right after a compute (docs/benchmarks.md)
-            for i, m in enumerate(self._inputs):
-                tensor, x = request.get_input_tensor(i), feed[m.name]
-                data = tensor.data
-                if data.shape != x.shape:  # a new request of the dynamic compile
-                    tensor.shape = x.shape
-                    data = tensor.data
-                data[...] = x
+            _write(request, self._inputs, feed)
             request.infer()
             return {m.name: np.array(request.get_output_tensor(i).data) for i, m in enumerate(self._outputs)}
         except Exception as e:
@@ -303,11 +310,12 @@ class OpenVinoRunner(Runner):
         parts = self._parts(batch)
         requests = [self._take("streams", b - a, self._compiled) for a, b in parts]
         try:
-            _run_at_once(requests, [{name: x[a:b] for name, x in feed.items()} for a, b in parts])
-            ports = self._compiled.outputs
+            _run_at_once(
+                requests, [{name: x[a:b] for name, x in feed.items()} for a, b in parts], self._inputs
+            )
             return {
-                m.name: np.concatenate([r.results[port] for r in requests])
-                for m, port in zip(self._outputs, ports, strict=True)
+                m.name: np.concatenate([r.get_output_tensor(i).data for r in requests])
+                for i, m in enumerate(self._outputs)
             }
         except Exception as e:
             raise BackendError(f"OpenVINO inference failed: {e}") from e
@@ -340,7 +348,7 @@ class OpenVinoRunner(Runner):
             for b in batches:
                 requests = [self._take(kind, b, compiled) for _ in range(count)]
                 try:
-                    _run_at_once(requests, [zeros_feed(self._inputs, b)] * count)
+                    _run_at_once(requests, [zeros_feed(self._inputs, b)] * count, self._inputs)
                 except Exception as e:
                     raise BackendError(f"OpenVINO warm-up at batch {b} failed: {e}") from e
                 finally:
