@@ -32,6 +32,7 @@ from pathlib import Path
 import harness as h
 import hf
 import one_client
+import trace_server
 
 SERVED = {
     "who": ("", "{}"),
@@ -402,6 +403,7 @@ def main() -> None:
     p.add_argument("--transport", default="http", choices=("http", "grpc"))
     p.add_argument("--json", type=Path, default=None, help="also write the results here, as JSON")
     one_client.add_commands(sub)
+    trace_server.add_command(sub)
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still stops its servers
     t = time.perf_counter()
