@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import harness as h
+import report
 
 
 def cmd_stages(args) -> None:
@@ -22,7 +23,7 @@ def cmd_stages(args) -> None:
     from veo_edge.export.source import BuiltinSource
     from veo_edge.pipeline.build import BuildOptions, run_build
 
-    table = h.Table(
+    table = report.Table(
         "build stages", {"model": ("model", "{}"), "stage": ("stage", "{}"), "s": ("median s", "{:.3f}")}
     )
     with tempfile.TemporaryDirectory() as tmp:
@@ -39,11 +40,11 @@ def cmd_stages(args) -> None:
                 per_stage.setdefault("total", []).append(time.perf_counter() - start)
             for stage, values in per_stage.items():
                 table.add(model=model, stage=stage, s=statistics.median(values))
-    h.emit([table], args.json)
+    report.emit([table], args.json)
 
 
 def _median_s(fn, repeats: int) -> float:
-    return statistics.median(h.timed(fn) for _ in range(repeats)) / 1e3
+    return statistics.median(report.timed(fn) for _ in range(repeats)) / 1e3
 
 
 def cmd_verify_startup(args) -> None:
@@ -58,7 +59,7 @@ def cmd_verify_startup(args) -> None:
     from veo_edge.runtime.runtime import Runtime
 
     with h.build_dir(args.build_dir, args.model) as build:
-        report = verify(build)  # also warms the page cache
+        verified = verify(build)  # also warms the page cache
         verify_s = _median_s(lambda: verify(build), args.repeats)
         names, _ = resolve_policy("auto", None, True)
         kinds = sorted({k for n in names for k in artifacts_of(n, BuildDir.open(build))})
@@ -70,7 +71,7 @@ def cmd_verify_startup(args) -> None:
             if pre_verified:
                 b.verify(kinds)
             rt = Runtime(b)
-            elapsed = h.timed(rt.start) / 1e3
+            elapsed = report.timed(rt.start) / 1e3
             rt.close()
             return elapsed
 
@@ -84,7 +85,7 @@ def cmd_verify_startup(args) -> None:
             with h.server(build):
                 serve_s.append(time.perf_counter() - t)
     serve = statistics.median(serve_s)
-    table = h.Table(
+    table = report.Table(
         f"verifying {BuildDir.open(build).model_name} at start-up",
         {
             "what": ("", "{}"),
@@ -97,8 +98,8 @@ def cmd_verify_startup(args) -> None:
     table.add(
         what="verify the whole build",
         ms=verify_s * 1e3,
-        mib=report.bytes / 2**20,
-        gbps=report.bytes / verify_s / 1e9,
+        mib=verified.bytes / 2**20,
+        gbps=verified.bytes / verify_s / 1e9,
     )
     table.add(
         what=f"added to the runtime's start ({', '.join(kinds)})",
@@ -109,7 +110,7 @@ def cmd_verify_startup(args) -> None:
     for label, values in starts.items():
         table.add(what=f"runtime start, {label}", ms=statistics.median(values) * 1e3)
     table.add(what="`veo-edge serve` to ready", ms=serve * 1e3)
-    h.emit([table], args.json)
+    report.emit([table], args.json)
 
 
 def main() -> None:

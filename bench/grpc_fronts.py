@@ -21,6 +21,7 @@ from concurrent import futures
 from pathlib import Path
 
 import harness as h
+import report
 
 SERVICE = "inference.GRPCInferenceService"
 FRONTS = ("grpcio-aio", "grpcio-threads", "grpclib")
@@ -143,7 +144,7 @@ def main() -> None:
     if not args.perf_analyzer:
         raise SystemExit("--perf-analyzer PATH is required")
     fronts = [f for f in FRONTS if f != "grpclib" or importlib.util.find_spec("grpclib")]
-    table = h.Table(
+    table = report.Table(
         f"gRPC servers, no model, {args.concurrency} client(s), perf_analyzer",
         {
             "front": ("server", "{}"),
@@ -169,7 +170,7 @@ def main() -> None:
             for _, proc in children.values():
                 proc.kill()
                 proc.wait()
-    h.emit([table], args.json)
+    report.emit([table], args.json)
 
 
 if __name__ == "__main__":

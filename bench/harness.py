@@ -1,4 +1,4 @@
-"""The one harness every bench in ``bench/`` runs on (imported as ``harness``; the scripts put ``bench/``
+"""The harness the benches in ``bench/`` run on (imported as ``harness``; the scripts put ``bench/``
 first on ``sys.path`` by being run as ``python bench/NAME.py``).
 
 - command line: subcommands whose ``--help`` is their docstring, the options every bench shares;
@@ -9,9 +9,9 @@ first on ``sys.path`` by being run as ``python bench/NAME.py``).
 - clients: callers that send one request (``http.client`` as perf_analyzer sends it, tritonclient HTTP or
   gRPC, optionally through system shared memory), driven by K closed-loop threads for N seconds or N
   requests; Triton's perf_analyzer when given; paired (interleaved) calls of several arms;
-- raw OpenVINO: the IR the build serves compiled as the runtime compiles it (f32 stated), sync and kept full;
-- statistics: percentiles, a bootstrap interval of a median;
-- results: a markdown table per result, and all of them as JSON (``--json PATH``) for ``bench/plot.py``.
+
+Raw OpenVINO in the bench's own process is ``bench/raw_ov.py``; statistics, result tables and their JSON
+are ``bench/report.py``.
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ import json
 import os
 import random
 import re
-import shlex
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,9 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-TREE = Path(__file__).resolve().parent.parent  # this checkout: the default tree a server runs
-
+from report import timed
 
 # ---------------------------------------------------------------- command line
 
@@ -386,13 +382,6 @@ def _number(v: str) -> bool:
     return True
 
 
-def timed(call: Callable[[], Any]) -> float:
-    """Run ``call`` once; its time in ms."""
-    t = time.perf_counter_ns()
-    call()
-    return (time.perf_counter_ns() - t) / 1e6
-
-
 def paired(
     arms: dict[str, Callable[[], Any]], n: int, seed: int = 0, warm: int = 20
 ) -> dict[str, list[float]]:
@@ -409,162 +398,3 @@ def paired(
         for k in order:
             ms[k].append(timed(arms[k]))
     return ms
-
-
-# ---------------------------------------------------------------- raw OpenVINO
-
-
-def served_ir(build: Path) -> tuple[str, str]:
-    """(precision, IR path) of what the build serves on the CPU: f32, or its int8 IR."""
-    from veo_edge.builddir import BuildDir
-    from veo_edge.runtime.loaders import served_precision
-
-    bd = BuildDir.open(build)
-    precision = served_precision(bd, "openvino")
-    return precision, str(bd.artifact("openvino_int8_xml" if precision == "int8" else "openvino_xml"))
-
-
-def compile_ir(ir: Any, hint: str, static: bool = False) -> Any:
-    """``ir`` (a path or an ``ov.Model``) compiled for the CPU at f32 with ``hint``; ``static``: its batch
-    axis fixed at 1 first, as ADAPTIVE compiles it."""
-    import openvino as ov
-
-    from veo_edge.runtime.backends.openvino import _batch_of_one, compile_config
-
-    core = ov.Core()
-    model = core.read_model(str(ir)) if isinstance(ir, (str, Path)) else ir
-    return core.compile_model(
-        _batch_of_one(model) if static else model, "CPU", compile_config("f32", hint=hint)
-    )
-
-
-def sync_request(ir: Any, static: bool = False) -> Any:
-    """One infer request on a LATENCY compile of ``ir``: raw sync batch 1."""
-    return compile_ir(ir, "LATENCY", static).create_infer_request()
-
-
-def time_sync(request: Any, x: np.ndarray, seconds: float) -> dict:
-    """``request`` run on ``x`` back to back for ``seconds`` (after 5 unmeasured runs)."""
-    for _ in range(5):
-        request.infer(x)
-    lat, stop = [], time.perf_counter() + seconds
-    while time.perf_counter() < stop:
-        lat.append(timed(lambda: request.infer(x)))
-    return {"rate": len(lat) * len(x) / (sum(lat) / 1e3), **percentiles(lat)}
-
-
-def keep_full(compiled: Any, x: np.ndarray, seconds: float, requests: int | None = None) -> dict:
-    """Samples/s of an ``AsyncInferQueue`` on ``compiled`` kept full of ``x`` for ``seconds`` (``requests``
-    infer requests; default OpenVINO's optimal number)."""
-    import openvino as ov
-
-    nreq = requests or int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
-    queue = ov.AsyncInferQueue(compiled, nreq)
-    for _ in range(2 * nreq):
-        queue.start_async(x)
-    queue.wait_all()
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        queue.start_async(x)  # blocks while every infer request is busy
-        n += 1
-    queue.wait_all()
-    return {"rate": n * len(x) / (time.perf_counter() - start), "requests": nreq}
-
-
-def raw_limit(xml: str, x1: np.ndarray, batch: int, seconds: float, static: bool = False) -> dict:
-    """A THROUGHPUT compile kept full at ``batch``; ``static``: batch 1 fixed in the model, two infer
-    requests per stream (one queued behind each running one)."""
-    compiled = compile_ir(xml, "THROUGHPUT", static)
-    nreq = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")) * (2 if static else 1)
-    return keep_full(compiled, np.ascontiguousarray(np.repeat(x1, batch, 0)), seconds, nreq)
-
-
-# ---------------------------------------------------------------- statistics
-
-
-def percentiles(ms: list[float]) -> dict[str, float]:
-    a = np.asarray(ms or [float("nan")], dtype=float)
-    return {f"p{q}": float(np.percentile(a, q)) for q in (50, 90, 99)} | {"mean": float(a.mean())}
-
-
-def median(values) -> float:
-    """The median, NaNs (cells that could not be measured) left out."""
-    vs = [v for v in values if v == v]
-    return statistics.median(vs) if vs else float("nan")
-
-
-def median_ci(values: list[float], seed: int = 0, draws: int = 1000) -> tuple[float, float, float]:
-    """(median, low, high): the median of ``values`` and its percentile-bootstrap 95 % interval (scipy)."""
-    from scipy.stats import bootstrap
-
-    a = np.asarray(values, dtype=float)
-    ci = bootstrap((a,), np.median, n_resamples=draws, method="percentile", rng=np.random.default_rng(seed))
-    return float(np.median(a)), float(ci.confidence_interval.low), float(ci.confidence_interval.high)
-
-
-# ---------------------------------------------------------------- results
-
-
-class Table:
-    """One result: rows of named values, printed as a markdown table; ``columns`` maps a row key to its
-    header and format (``"{:.2f}"``); keys not in ``columns`` only go to the JSON."""
-
-    def __init__(self, title: str, columns: dict[str, tuple[str, str]]) -> None:
-        self.title, self.columns, self.rows = title, columns, []
-
-    def add(self, **row: Any) -> None:
-        self.rows.append(row)
-
-    def markdown(self) -> str:
-        def cell(key: str, row: dict) -> str:
-            v = row.get(key)
-            return "" if v is None else self.columns[key][1].format(v)
-
-        lines = [f"### {self.title}", "", "| " + " | ".join(h for h, _ in self.columns.values()) + " |"]
-        lines.append("|" + " --- |" * len(self.columns))
-        lines += ["| " + " | ".join(cell(k, r) for k in self.columns) + " |" for r in self.rows]
-        return "\n".join(lines)
-
-
-def machine() -> dict:
-    """What the numbers depend on: CPU flags, CPUs, load, OpenVINO, this tree's commit."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(line for line in f if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        flags = []
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
-    commit = subprocess.run(
-        ["git", "-C", str(TREE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
-    try:
-        import openvino as ov
-
-        openvino = ov.get_version()
-    except ImportError:
-        openvino = None
-    return {
-        "cpu_flags": [f for f in wanted if f in flags],
-        "cpus": os.cpu_count(),
-        "load_1min": round(os.getloadavg()[0], 2),
-        "openvino": openvino,
-        "commit": commit.stdout.strip() or None,
-    }
-
-
-def emit(tables: list[Table], json_path: Path | None, **meta: Any) -> None:
-    """Print every table with columns as markdown; with ``json_path``, write every table there, with the
-    command and the machine."""
-    for t in tables:
-        if t.columns:
-            print(f"\n{t.markdown()}")
-    if json_path:
-        doc = {
-            "command": "python " + shlex.join(sys.argv),
-            "machine": machine(),
-            **meta,
-            "tables": [{"title": t.title, "rows": t.rows} for t in tables],
-        }
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(doc, indent=1, default=float) + "\n")
-        print(f"\nwrote {json_path}")

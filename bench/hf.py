@@ -25,8 +25,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import harness as h
 import numpy as np
+import raw_ov
+import report
 
 
 def hf_checkpoint(out: Path, seed: int = 0) -> Path:
@@ -132,7 +133,7 @@ def main() -> None:
     x = inputs(build, args.samples)
     logits = {}
     for name, model in irs.items():
-        compiled = h.compile_ir(model, "LATENCY")
+        compiled = raw_ov.compile_ir(model, "LATENCY")
         logits[name] = np.concatenate([compiled([x[i : i + 1]])[0] for i in range(len(x))])
     agree = float((logits["ours"].argmax(1) == logits["optimum"].argmax(1)).mean())
     diff = float(np.abs(logits["ours"] - logits["optimum"]).max())
@@ -142,16 +143,18 @@ def main() -> None:
     for r in range(args.rounds):
         for name in ("ours", "optimum") if r % 2 == 0 else ("optimum", "ours"):
             lat[name].append(
-                h.time_sync(h.compile_ir(irs[name], "LATENCY").create_infer_request(), x[:1], args.seconds)[
-                    "p50"
-                ]
+                raw_ov.time_sync(
+                    raw_ov.compile_ir(irs[name], "LATENCY").create_infer_request(), x[:1], args.seconds
+                )["p50"]
             )
-            thr[name].append(h.keep_full(h.compile_ir(irs[name], "THROUGHPUT"), x[:1], args.seconds)["rate"])
+            thr[name].append(
+                raw_ov.keep_full(raw_ov.compile_ir(irs[name], "THROUGHPUT"), x[:1], args.seconds)["rate"]
+            )
         print(
             f"round {r + 1}: " + ", ".join(f"{n} p50 {lat[n][-1]:.2f} ms {thr[n][-1]:.1f}/s" for n in lat),
             flush=True,
         )
-    table = h.Table(
+    table = report.Table(
         f"our IR against optimum-intel's: top-1 agreement {agree:.0%} on {len(x)} inputs, max |logit diff| {diff:.2g}",
         {
             "ir": ("IR", "{}"),
@@ -167,7 +170,7 @@ def main() -> None:
             p50_ms=statistics.median(lat[name]),
             rate=statistics.median(thr[name]),
         )
-    ratio = h.Table(
+    ratio = report.Table(
         "ours / optimum", {"latency": ("latency", "{:.3f}×"), "throughput": ("throughput", "{:.3f}×")}
     )
     ratio.add(
@@ -175,7 +178,7 @@ def main() -> None:
         throughput=table.rows[0]["rate"] / table.rows[1]["rate"],
     )
     meta = dict(zip(("optimum_intel", "optimum_transformers", "optimum_openvino"), versions, strict=False))
-    h.emit([table, ratio], args.json, agreement=agree, max_logit_diff=diff, inputs=len(x), **meta)
+    report.emit([table, ratio], args.json, agreement=agree, max_logit_diff=diff, inputs=len(x), **meta)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import harness as h
+import raw_ov
+import report
 
 ARMS = ("raw", "raw-static", "runtime", "http", "tritonclient", "old", "new")
 
@@ -40,20 +42,22 @@ def cmd_pairs(args) -> None:
     unknown = [a for a in arms if a not in ARMS]
     if unknown or ({"old", "new"} & set(arms) and not args.old):
         raise SystemExit(f"unknown arms {unknown}; choose from {', '.join(ARMS)} (old and new need --old)")
-    per_run = h.Table("per run", {"run": ("run", "{}"), "arm": ("arm", "{}"), **_PCT})
-    diffs = h.Table("paired differences", {"run": ("run", "{}"), "pair": ("pair", "{}"), **_DIFF})
+    per_run = report.Table("per run", {"run": ("run", "{}"), "arm": ("arm", "{}"), **_PCT})
+    diffs = report.Table("paired differences", {"run": ("run", "{}"), "pair": ("pair", "{}"), **_DIFF})
     with h.build_dir(args.build_dir, args.model) as build:
         print(f"{build.name}: {args.runs} runs of {args.requests} rounds, --performance-hint {args.hint}")
         for run in range(args.runs):
             ms = _pairs_run(args, build, arms[:: -1 if run % 2 else 1], run)
             for arm in arms:
-                per_run.add(run=run + 1, arm=arm, **{f"{k}_ms": v for k, v in h.percentiles(ms[arm]).items()})
+                per_run.add(
+                    run=run + 1, arm=arm, **{f"{k}_ms": v for k, v in report.percentiles(ms[arm]).items()}
+                )
             for i, a in enumerate(arms):
                 for b in arms[i + 1 :]:
-                    d, lo, hi = h.median_ci([y - x for x, y in zip(ms[a], ms[b], strict=True)], run)
+                    d, lo, hi = report.median_ci([y - x for x, y in zip(ms[a], ms[b], strict=True)], run)
                     diffs.add(run=run + 1, pair=f"{b} − {a}", median_ms=d, low_ms=lo, high_ms=hi)
                     print(f"  run {run + 1}: {b} − {a} {d:+.3f} ms (95 % {lo:+.3f}..{hi:+.3f})", flush=True)
-    net = h.Table(
+    net = report.Table(
         "over runs",
         {
             "pair": ("pair", "{}"),
@@ -72,7 +76,7 @@ def cmd_pairs(args) -> None:
             )
         else:
             net.add(pair=pair, net_ms=statistics.mean(even))
-    h.emit([per_run, diffs, net], args.json)
+    report.emit([per_run, diffs, net], args.json)
 
 
 _PCT = {f"{q}_ms": (f"{q} ms", "{:.3f}") for q in ("p50", "p90", "p99", "mean")}
@@ -87,7 +91,7 @@ def _pairs_run(args, build: Path, order: list[str], seed: int) -> dict[str, list
     """One run: the arms made in ``order`` (servers started in it), ``--requests`` rounds; ms per arm."""
     from veo_edge.builddir import BuildDir
 
-    _, xml = h.served_ir(build)
+    _, xml = raw_ov.served_ir(build)
     x, name = h.sample(build, 1), BuildDir.open(build).model_name
     serve = ("--performance-hint", args.hint)
     calls: dict = {}
@@ -95,7 +99,7 @@ def _pairs_run(args, build: Path, order: list[str], seed: int) -> dict[str, list
     with contextlib.ExitStack() as stack:
         for arm in order:
             if arm.startswith("raw"):
-                request = h.sync_request(xml, static=arm == "raw-static")
+                request = raw_ov.sync_request(xml, static=arm == "raw-static")
                 calls[arm] = lambda r=request: r.infer(x)
             elif arm == "runtime":
                 import veo_edge
@@ -138,9 +142,9 @@ def cmd_cells(args) -> None:
 
     hints = [s.strip().upper() for s in args.hint.split(",") if s.strip()]
     with h.build_dir(args.build_dir, args.model) as build, contextlib.ExitStack() as stack:
-        precision, xml = h.served_ir(build)
+        precision, xml = raw_ov.served_ir(build)
         x, name = h.sample(build, 1), BuildDir.open(build).model_name
-        request = h.sync_request(xml)  # compiled once: every pair's raw cell runs it
+        request = raw_ov.sync_request(xml)  # compiled once: every pair's raw cell runs it
         shm = ("--shared-memory",) if args.transport.endswith("-shm") else ()
         servers = {
             s.lower(): stack.enter_context(h.server(build, "--performance-hint", s, *shm)) for s in hints
@@ -155,7 +159,7 @@ def cmd_cells(args) -> None:
         raws: list[float] = []
         rows: dict[str, list[tuple[float, float, float]]] = {s: [] for s in servers}  # p50, queue, compute
         for i in range(args.pairs):
-            raws.append(h.time_sync(request, x, args.seconds)["p50"])
+            raws.append(raw_ov.time_sync(request, x, args.seconds)["p50"])
             line = [f"pair {i + 1}: raw {raws[-1]:6.2f}"]
             for who, srv in servers.items():
                 before = h.model_stats(srv.http, name)["inference_stats"]
@@ -170,7 +174,7 @@ def cmd_cells(args) -> None:
                 rows[who].append((r["p50"], queue, compute))
                 line.append(f"{who} {r['p50']:6.2f} ({r['p50'] - raws[-1]:+5.2f})")
             print("  ".join(line), flush=True)
-    table = h.Table(
+    table = report.Table(
         f"one client: served p50 minus raw sync (raw sync p50 {statistics.median(raws):.2f} ms, "
         f"{min(raws):.2f}-{max(raws):.2f})",
         {
@@ -192,7 +196,7 @@ def cmd_cells(args) -> None:
             compute_ms=statistics.median(c - raw for (_, _, c), raw in zip(rs, raws, strict=True)),
             rest_ms=statistics.median(p - q - c for p, q, c in rs),
         )
-    h.emit([table], args.json, raw_sync_ms=raws)
+    report.emit([table], args.json, raw_sync_ms=raws)
 
 
 def handoff(xml: str, x, requests: int, mode: str) -> tuple[float, float, float]:
@@ -200,7 +204,7 @@ def handoff(xml: str, x, requests: int, mode: str) -> tuple[float, float, float]
     import openvino as ov
     import uvloop
 
-    request = h.sync_request(xml)  # the raw sync compile: f32 stated, LATENCY
+    request = raw_ov.sync_request(xml)  # the raw sync compile: f32 stated, LATENCY
     queue: collections.deque = collections.deque()
     cond = threading.Condition()
     rows: list[list[int]] = []
@@ -314,7 +318,7 @@ def worker_wait(xml: str, x, requests: int, gap_s: float = 0.003) -> tuple[float
     """Median process CPU (us) in the ``gap_s`` after a lone sync infer returns, this thread asleep, and
     the infer (us): what oneTBB's worker_wait (OpenVINO's workers spinning after their task, by design)
     takes of a core just when a server answers and reads the next request."""
-    request = h.sync_request(xml)  # the raw sync compile: f32 stated, LATENCY
+    request = raw_ov.sync_request(xml)  # the raw sync compile: f32 stated, LATENCY
     cpu, infer = [], []
     for _ in range(requests):
         t0 = time.perf_counter_ns()
@@ -337,9 +341,9 @@ def cmd_floor(args) -> None:
     if args.requests <= 30:
         raise SystemExit(f"--requests must be above 30 (the first 30 are a warm-up), got {args.requests}")
     with h.build_dir(args.build_dir, args.model) as build:
-        _, xml = h.served_ir(build)
+        _, xml = raw_ov.served_ir(build)
         x = h.sample(build, 1)
-        table = h.Table(
+        table = report.Table(
             f"{build.name}: the machine's floors, medians over {args.requests - 30} requests",
             {
                 "floor": ("floor", "{}"),
@@ -360,7 +364,7 @@ def cmd_floor(args) -> None:
         )
         took, reads = transfer(x.nbytes + 400, args.requests, infer / 1e6)
         table.add(floor=f"a {x.nbytes + 400} B body over loopback ({reads:g} reads)", there_us=took)
-    h.emit([table], args.json)
+    report.emit([table], args.json)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -374,7 +378,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help=f"comma-separated, from {', '.join(ARMS)} (none: raw,raw-static,http; with --old: old,new)",
     )
     p.add_argument("--old", default=None, help="a tree to compare against (e.g. a git worktree of main)")
-    p.add_argument("--new", default=str(h.TREE), help="the other tree (this one)")
+    p.add_argument("--new", default=str(report.TREE), help="the other tree (this one)")
     p.add_argument("--hint", default="ADAPTIVE", help="--performance-hint of the servers and the runtime")
     p.add_argument("--requests", type=int, default=400, help="rounds (one request per arm) per run")
     p.add_argument(

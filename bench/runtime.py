@@ -21,6 +21,7 @@ from pathlib import Path
 
 import harness as h
 import numpy as np
+import report
 
 PRECISIONS = ("f32", "bf16", "int8")
 
@@ -31,7 +32,7 @@ def cmd_batching(args) -> None:
     (policy onnxruntime -> openvino): how long the batch that hit it took, the switch included."""
     import veo_edge
 
-    table = h.Table(
+    table = report.Table(
         "dynamic batching",
         {
             "clients": ("clients", "{}"),
@@ -62,7 +63,7 @@ def cmd_batching(args) -> None:
                     )
                     after = rt.stats()
                 n = after["requests_success"] - before["requests_success"]
-                p = h.percentiles(r["lat"])
+                p = report.percentiles(r["lat"])
                 table.add(
                     clients=clients,
                     delay_ms=delay,
@@ -74,9 +75,9 @@ def cmd_batching(args) -> None:
                 )
         faults = {"onnxruntime": {"oom_after": 20}}
         with veo_edge.Runtime(build, policy=["onnxruntime", "openvino"], faults=faults) as rt:
-            times = [h.timed(lambda: rt.infer(x[None])) for _ in range(40)]
+            times = [report.timed(lambda: rt.infer(x[None])) for _ in range(40)]
             state = rt.state
-    switch = h.Table(
+    switch = report.Table(
         "fallback onnxruntime -> openvino after an injected OOM",
         {
             "switches": ("switches", "{}"),
@@ -91,7 +92,7 @@ def cmd_batching(args) -> None:
         steady_ms=statistics.median(times[25:]),
         active=state.active_backend,
     )
-    h.emit([table, switch], args.json)
+    report.emit([table, switch], args.json)
 
 
 def _rss_mib() -> float:
@@ -112,7 +113,7 @@ def warmup_case(build_dir: str, hint: str, warm: bool) -> dict:
     x = np.random.default_rng(0).random((rt.max_batch, *rt.input_shape), dtype=np.float32)
     first_excess = 0.0
     for b in range(1, rt.max_batch + 1):
-        ts = [h.timed(lambda b=b: rt.infer(x[:b])) for _ in range(4)]
+        ts = [report.timed(lambda b=b: rt.infer(x[:b])) for _ in range(4)]
         first_excess += ts[0] - statistics.median(ts[1:])
     with ThreadPoolExecutor(2) as pool:
         for b in range(1, rt.max_batch + 1):
@@ -141,7 +142,7 @@ def cmd_warmup(args) -> None:
     if args.case:
         print(json.dumps(warmup_case(args.build_dir, args.hint, args.case == "warmed")))
         return
-    table = h.Table(
+    table = report.Table(
         f"the warm-up, {args.hint}",
         {
             "case": ("case", "{}"),
@@ -162,7 +163,7 @@ def cmd_warmup(args) -> None:
                     [*cmd, "--case", case], capture_output=True, text=True, check=True, timeout=600
                 )
                 table.add(**json.loads(out.stdout.strip().splitlines()[-1]))
-    h.emit([table], args.json)
+    report.emit([table], args.json)
 
 
 def precision_build(root: Path, model: str, precision: str, max_batch: int) -> Path:
@@ -211,7 +212,7 @@ def cmd_precision(args) -> None:
     from veo_edge.export.accuracy import top1_points
     from veo_edge.export.parity import seeded_inputs
 
-    table = h.Table(
+    table = report.Table(
         "CPU precision",
         {
             "model": ("model", "{}"),
@@ -255,7 +256,7 @@ def cmd_precision(args) -> None:
         finally:
             for rt in runtimes.values():
                 rt.close()
-    h.emit([table], args.json)
+    report.emit([table], args.json)
 
 
 def main() -> None:

@@ -8,6 +8,7 @@
                                   # two trees), medians of the paired differences with bootstrap intervals
     python bench/serve.py cells   # one client, a raw sync cell then a perf_analyzer cell per server, in pairs
     python bench/serve.py floor   # the machine's own cost of a thread hand-off and of a loopback body
+    python bench/serve.py trace   # one client; each request's parts stamped in the server (--old TREE: A/B)
 
 ``python bench/serve.py SUBCOMMAND --help`` tells each one's options; every one prints its results as
 markdown tables and writes them as JSON with ``--json PATH`` (``bench/plot.py`` draws them). The machine
@@ -17,21 +18,20 @@ may be shared: check ``uptime`` first and read the numbers as noisy.
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import json
 import shlex
 import signal
-import statistics
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 import harness as h
-import hf
 import one_client
+import raw_ov
+import report
+import serve_images
 import trace_server
 
 SERVED = {
@@ -78,7 +78,7 @@ def cell_args(ap: argparse.ArgumentParser, **defaults) -> None:
     ap.set_defaults(**defaults)
 
 
-def served_cells(args, build: Path, stack: contextlib.ExitStack, before_round=None) -> h.Table:
+def served_cells(args, build: Path, stack: contextlib.ExitStack, before_round=None) -> report.Table:
     """Start the servers (one per hint, one per --tree, Triton), drive every (server, transport, path,
     clients) cell ``--rounds`` times interleaved; the table of medians (latencies pooled over rounds)."""
     from veo_edge.builddir import BuildDir
@@ -122,23 +122,23 @@ def served_cells(args, build: Path, stack: contextlib.ExitStack, before_round=No
                 if sent and srv.pid:  # the server's CPU per request: robust to a busy machine, unlike latency
                     r["cpu_ms"] = (h.cpu_seconds(srv.pid) - cpu) * 1e3 / sent
                 cells.setdefault((who, transport, path, k), []).append(r)
-    table = h.Table("served", {k: v for k, v in SERVED.items() if k != "path" or len(paths) > 1})
+    table = report.Table("served", {k: v for k, v in SERVED.items() if k != "path" or len(paths) > 1})
     for (who, transport, path, k), rs in cells.items():
-        pct = h.percentiles([v for r in rs for v in r["lat"]]) if "lat" in rs[0] else None
-        pct = pct or {q: h.median(r[q] for r in rs) for q in ("p50", "p90", "p99")}
+        pct = report.percentiles([v for r in rs for v in r["lat"]]) if "lat" in rs[0] else None
+        pct = pct or {q: report.median(r[q] for r in rs) for q in ("p50", "p90", "p99")}
         execs = sum(r.get("executions", 0) for r in rs)
         table.add(
             who=who,
             transport=transport,
             path=path,
             clients=k,
-            samples_s=h.median(r["rate"] for r in rs) * (args.batch if path == "infer" else 1),
+            samples_s=report.median(r["rate"] for r in rs) * (args.batch if path == "infer" else 1),
             p50_ms=pct["p50"],
             p90_ms=pct.get("p90"),
             p99_ms=pct["p99"],
             errors=sum(r["errors"] for r in rs),
             batch=sum(r.get("inferences", 0) for r in rs) / execs if execs else None,
-            cpu_ms=h.median(r["cpu_ms"] for r in rs) if "cpu_ms" in rs[0] else None,
+            cpu_ms=report.median(r["cpu_ms"] for r in rs) if "cpu_ms" in rs[0] else None,
         )
     return table
 
@@ -174,10 +174,11 @@ def cmd_load(args) -> None:
     percentiles pool the rounds."""
     with h.build_dir(args.build_dir, args.model) as build, contextlib.ExitStack() as stack:
         print(
-            f"load {h.machine()['load_1min']}; {build.name}, batch {args.batch} per request", file=sys.stderr
+            f"load {report.machine()['load_1min']}; {build.name}, batch {args.batch} per request",
+            file=sys.stderr,
         )
         table = served_cells(args, build, stack)
-    h.emit([table], args.json)
+    report.emit([table], args.json)
 
 
 def cmd_limit(args) -> None:
@@ -196,32 +197,34 @@ def cmd_limit(args) -> None:
     from veo_edge.builddir import BuildDir
 
     with h.build_dir(args.build_dir, args.model) as build, contextlib.ExitStack() as stack:
-        precision, xml = h.served_ir(build)
+        precision, xml = raw_ov.served_ir(build)
         x, max_batch = h.sample(build, 1), BuildDir.open(build).max_batch
         print(f"{build.name} ({precision} IR), {args.seconds:g} s cells", file=sys.stderr)
-        by_batch = {b: h.raw_limit(xml, x, b, args.seconds)["rate"] for b in (1, 2, 4, 8) if b <= max_batch}
+        by_batch = {
+            b: raw_ov.raw_limit(xml, x, b, args.seconds)["rate"] for b in (1, 2, 4, 8) if b <= max_batch
+        }
         best = max(by_batch, key=by_batch.__getitem__)
         raw: dict[str, list[tuple[float, float | None]]] = {}
 
         def measure(i: int) -> None:  # the machine drifts: the raw rows again before every round
             for label, static in (("raw sync b1", False), ("raw sync b1 static", True)):
-                r = h.time_sync(h.sync_request(xml, static), x, args.seconds)
+                r = raw_ov.time_sync(raw_ov.sync_request(xml, static), x, args.seconds)
                 raw.setdefault(label, []).append((r["rate"], r["p50"]))
-            rate = by_batch[best] if i == 0 else h.raw_limit(xml, x, best, args.seconds)["rate"]
+            rate = by_batch[best] if i == 0 else raw_ov.raw_limit(xml, x, best, args.seconds)["rate"]
             raw.setdefault(f"raw limit b{best}", []).append((rate, None))
-            rate = h.raw_limit(xml, x, 1, args.seconds, static=True)["rate"]
+            rate = raw_ov.raw_limit(xml, x, 1, args.seconds, static=True)["rate"]
             raw.setdefault("raw limit static b1", []).append((rate, None))
 
         served = served_cells(args, build, stack, measure)
     columns = {"row": ("", "{}"), "samples_s": ("samples/s", "{:.1f}"), "p50_ms": ("p50 ms", "{:.2f}")}
-    rows = h.Table("raw", columns | {"rounds": ("each round", "{}")})
+    rows = report.Table("raw", columns | {"rounds": ("each round", "{}")})
     for b, rate in by_batch.items():
         rows.add(row=f"raw limit b{b} (round 1)", samples_s=rate)
     for label, rs in raw.items():
         sync = rs[0][1] is not None
         each = ", ".join(f"{p:.2f}" if sync else f"{r:.1f}" for r, p in rs)
-        p50 = h.median(p for _, p in rs) if sync else None
-        rows.add(row=label, samples_s=h.median(r for r, _ in rs), p50_ms=p50, rounds=each)
+        p50 = report.median(p for _, p in rs) if sync else None
+        rows.add(row=label, samples_s=report.median(r for r, _ in rs), p50_ms=p50, rounds=each)
     med = {r["row"]: r for r in rows.rows}
     limit, static = med[f"raw limit b{best}"]["samples_s"], med["raw limit static b1"]["samples_s"]
     sync, static_sync = med["raw sync b1"]["p50_ms"], med["raw sync b1 static"]["p50_ms"]
@@ -238,18 +241,18 @@ def cmd_limit(args) -> None:
     if args.pytriton:
         rates = {(r["who"], r["transport"], r["clients"]): r["samples_s"] for r in served.rows}
         columns = {"who": ("", "{}"), "transport": ("transport", "{}"), "clients": ("clients", "{}")}
-        ratio = h.Table("against Triton", columns | {"x": ("/ Triton", "{:.2f}×")})
+        ratio = report.Table("against Triton", columns | {"x": ("/ Triton", "{:.2f}×")})
         for (who, t, k), rate in rates.items():
             if who != "triton" and who != "base" and not who.startswith("tree"):
                 ratio.add(who=who, transport=t, clients=k, x=rate / rates["triton", t, k])
         tables.append(ratio)
-    h.emit(tables, args.json)
+    report.emit(tables, args.json)
 
 
 def cmd_faults(args) -> None:
     """Two servers on one build, with VEO_EDGE_FAULTS=--faults and without; clients send back to back."""
     json.loads(args.faults)
-    table = h.Table(
+    table = report.Table(
         "faults",
         {
             "run": ("run", "{}"),
@@ -274,7 +277,7 @@ def cmd_faults(args) -> None:
                     lambda i: h.HttpCall.infer(build, srv.http), args.clients, args.seconds, warmup_s=0
                 )
                 m = _fault_metrics(srv.http)
-            pct = h.percentiles(r["lat"])
+            pct = report.percentiles(r["lat"])
             table.add(
                 run=label,
                 requests=sum(r["codes"].values()),
@@ -284,7 +287,7 @@ def cmd_faults(args) -> None:
                 p99_ms=pct["p99"],
                 **m,
             )
-    h.emit([table], args.json)
+    report.emit([table], args.json)
 
 
 def _fault_metrics(port: int) -> dict:
@@ -310,76 +313,6 @@ def _fault_metrics(port: int) -> dict:
     return out
 
 
-def cmd_images(args) -> None:
-    """One server of a `build --hf` ViT: perf_analyzer's random f32 tensors against a JPEG as BYTES."""
-    from veo_edge.builddir import BuildDir
-    from veo_edge.preprocess import Preprocess
-    from veo_edge.preprocess.decode import decode_image
-
-    build = hf.hf_build(hf.hf_checkpoint(args.work / "vit-hf"), args.work / "vit-hf-build")
-    name, jpeg = "vit-hf", hf.photos_jpeg()[1]  # the flower: 427x640
-    # perf_analyzer reads a BYTES file of a --input-data folder as lines of text: the JPEG goes as base64 in
-    # its JSON form instead, one picture ([1]: the companion model declares BYTES [-1], max_batch_size 0)
-    data = args.work / "input-data.json"
-    data.write_text(json.dumps({"data": [{"input": {"b64": base64.b64encode(jpeg).decode(), "shape": [1]}}]}))
-    prep = Preprocess.from_manifest(BuildDir.open(build).manifest["preprocess"])
-    once = statistics.median(h.timed(lambda: prep(decode_image(jpeg))) for _ in range(200))
-    print(
-        f"decode + preprocess of one {len(jpeg) / 1e3:.0f} kB JPEG, one thread: {once:.2f} ms",
-        file=sys.stderr,
-    )
-    levels, cells = [int(c) for c in args.concurrency.split(",")], {}
-    parts = (
-        "Client Send",
-        "Network+Server Send/Recv",
-        "Server Queue",
-        "Server Compute Input",
-        "Server Compute Infer",
-        "Server Compute Output",
-        "Client Recv",
-    )
-    with h.server(build) as srv:
-        for _ in range(args.rounds):
-            for k in levels:
-                for kind, model, extra in (
-                    ("f32", name, ()),
-                    ("jpeg", name + "_image", ("--input-data", str(data))),
-                ):
-                    r = h.perf_analyzer(
-                        args.perf_analyzer,
-                        model,
-                        srv.port(args.transport),
-                        args.transport,
-                        k,
-                        args.seconds,
-                        extra,
-                    )
-                    total = sum(r.get(p, float("nan")) for p in parts)
-                    r["share"] = (
-                        r.get("Server Compute Input", float("nan")) / total if total else float("nan")
-                    )
-                    cells.setdefault((kind, k), []).append(r)
-    table = h.Table(
-        f"pictures against tensors ({args.transport})",
-        {
-            "input": ("input", "{}"),
-            "clients": ("clients", "{}"),
-            "rate": ("images/s", "{:.1f}"),
-            "p50_ms": ("p50 ms", "{:.2f}"),
-            "share": ("decode + preprocess share", "{:.0%}"),
-        },
-    )
-    for (kind, k), rs in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        table.add(
-            input=kind,
-            clients=k,
-            rate=h.median(r["rate"] for r in rs),
-            p50_ms=h.median(r["p50"] for r in rs),
-            share=h.median(r["share"] for r in rs),
-        )
-    h.emit([table], args.json, decode_one_ms=once, jpeg_bytes=len(jpeg))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -392,16 +325,7 @@ def main() -> None:
     p.add_argument("--faults", default='{"*": {"every_nth": 7}}', help="VEO_EDGE_FAULTS of the first run")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--seconds", type=float, default=20.0)
-    p = h.command(
-        sub, "images", cmd_images, "JPEG pictures against f32 tensors (a `build --hf` ViT, perf_analyzer)"
-    )
-    p.add_argument("--perf-analyzer", required=True)
-    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "veo-bench-hf", help="reused")
-    p.add_argument("--seconds", type=float, default=4.0)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--concurrency", default="1,4")
-    p.add_argument("--transport", default="http", choices=("http", "grpc"))
-    p.add_argument("--json", type=Path, default=None, help="also write the results here, as JSON")
+    serve_images.add_command(sub)
     one_client.add_commands(sub)
     trace_server.add_command(sub)
     args = ap.parse_args()

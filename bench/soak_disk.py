@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import harness as h
+import report
 
 
 def main() -> None:
@@ -47,7 +48,7 @@ def main() -> None:
         start(config, run, live=False)
         db = run / "soak.db"
         size = db.stat().st_size
-        report = write_report(run)
+        soak = write_report(run)
         with contextlib.closing(sqlite3.connect(db)) as conn:
             rows = {
                 t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
@@ -57,16 +58,16 @@ def main() -> None:
             extra = conn.execute("SELECT AVG(LENGTH(extra)) FROM samples").fetchone()[0]
             memory = conn.execute("SELECT t, rss, uss FROM samples ORDER BY segment, t").fetchall()
             windows = conn.execute("SELECT t1, p50_us, p99_us FROM windows ORDER BY segment, t1").fetchall()
-    seconds = report["run"]["recorded_s"]
-    lat, fit = report["latency_ms"]["after_warmup"], report["leak"].get("rss")  # none: too short a run
-    table = h.Table(
+    seconds = soak["run"]["recorded_s"]
+    lat, fit = soak["latency_ms"]["after_warmup"], soak["leak"].get("rss")  # none: too short a run
+    table = report.Table(
         f"the soak's own cost: {args.model} in-process, open loop {args.rate:g} req/s for {seconds:.0f} s",
         {"what": ("", "{}"), "value": ("", "{}")},
     )
-    answered = report["requests"]["ok"]
+    answered = soak["requests"]["ok"]
     table.add(
         what="answered",
-        value=f"{answered} ({answered / seconds:.1f}/s), errors {report['requests']['errors']}",
+        value=f"{answered} ({answered / seconds:.1f}/s), errors {soak['requests']['errors']}",
     )
     table.add(
         what="soak.db", value=f"{size / 1e6:.3f} MB: {size / (seconds / 3600) / 1e6:.2f} MB per hour of run"
@@ -85,13 +86,13 @@ def main() -> None:
         if fit
         else "none fitted (too short a run)",
     )
-    series = h.Table("memory over time", {})  # no columns: JSON only, for bench/plot.py
+    series = report.Table("memory over time", {})  # no columns: JSON only, for bench/plot.py
     for t, rss, uss in memory:
         series.add(t_s=t, rss_mib=rss / 2**20 if rss else None, uss_mib=uss / 2**20 if uss else None)
-    latency = h.Table("latency over time", {})
+    latency = report.Table("latency over time", {})
     for t, p50, p99 in windows:
         latency.add(t_s=t, p50_ms=p50 / 1e3 if p50 else None, p99_ms=p99 / 1e3 if p99 else None)
-    h.emit([table, series, latency], args.json)
+    report.emit([table, series, latency], args.json)
 
 
 if __name__ == "__main__":

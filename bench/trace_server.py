@@ -22,6 +22,7 @@ from pathlib import Path
 
 import harness as h
 import numpy as np
+import report
 
 COLUMNS = ("begin", "body", "answered", "alone_in", "infer_in", "infer_out", "alone_out")
 
@@ -97,7 +98,7 @@ def cmd_trace(args) -> None:
         "rest_us": ("body → answer written − infer µs", "{:.0f}"),
         "client_us": ("client µs", "{:.0f}"),
     }
-    table = h.Table("one client, traced", columns)
+    table = report.Table("one client, traced", columns)
     shm = ("--shared-memory",) if args.transport == "http-shm" else ()
     entry = str(Path(__file__).resolve())
     with h.build_dir(args.build_dir, args.model) as build, tempfile.TemporaryDirectory() as tmp:
@@ -127,7 +128,7 @@ def cmd_trace(args) -> None:
                     **parts,
                 )
                 print(f"  round {r + 1} {who}: {len(t)} lone requests, p50 {p50:.2f} ms", flush=True)
-    h.emit([table], args.json)
+    report.emit([table], args.json)
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
@@ -135,7 +136,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     h.build_args(p, "vit-tiny")
     p.add_argument("--perf-analyzer", required=True, help="Triton's perf_analyzer binary")
     p.add_argument("--old", default=None, help="a tree to compare against, its server alternating with ours")
-    p.add_argument("--new", default=str(h.TREE), help="the other tree (this one)")
+    p.add_argument("--new", default=str(report.TREE), help="the other tree (this one)")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--seconds", type=float, default=5.0, help="per cell")
     p.add_argument("--transport", default="http-shm", choices=("http", "http-shm"))
