@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -186,16 +187,19 @@ def test_a_runtime_keeps_the_schedule_across_fallback_and_recovery(nano_build: P
     x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
     faults = {"onnxruntime": [{"every_s": 10}, {"once_at_s": 15, "error": "device_lost"}]}
     with Runtime(
-        nano_build, policy=["onnxruntime", "openvino"], faults=faults, recover_interval_s=0, fault_clock=clock
+        nano_build, policy=["onnxruntime", "openvino"], faults=faults, recover_interval_s=0.2, fault_clock=clock
     ) as rt:
         active = []
         for t in (1, 10, 11, 15, 16, 20, 21):
             clock.t = t
             assert rt.infer(x).shape[0] == 1  # a failed batch is re-run on openvino, the standby
             active.append(rt.active_backend)
+            deadline = time.monotonic() + 30
+            while rt.active_backend != "onnxruntime" and time.monotonic() < deadline:
+                time.sleep(0.02)  # the recovery clock (every 0.2 s) brings onnxruntime back
         # an OOM (10 s, 20 s) is transient: onnxruntime keeps the traffic; the lost device (15 s) moves it
-        # to openvino; the next call first tries to recover (interval 0): onnxruntime is back, with its
-        # schedule (20 s fires on the new runner)
+        # to openvino; the recovery clock brings onnxruntime back before the next call, with its schedule
+        # (20 s fires on the new runner)
         ort, ov = "onnxruntime", "openvino"
         assert active == [ort, ort, ort, ov, ort, ort, ort]
         assert rt.injected_faults() == {

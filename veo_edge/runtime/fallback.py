@@ -11,8 +11,8 @@ The rules (docs/serving.md, "Faults, retries and fallback"):
 
 - **Standby.** The first usable candidate after the active one is activated and warmed (``check``: the
   golden canary at the build's largest batch, by the rule of the precision it serves) before it takes any
-  traffic; one that fails its warm-up is skipped with the reason. After a switch the next one is prepared
-  in the background.
+  traffic; one that fails its warm-up is skipped with the reason (tried again ``retry_after_s`` later
+  when its activation or warm-up raised). After a switch the next one is prepared in the background.
 - **Retry.** A batch that fails on a backend is re-run on every candidate after it that can run (the
   standby first; one never tried is activated and warmed then), once each, and, when the failure was
   transient, once more on the backend it failed on, before any of its requests gets an error.
@@ -33,15 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from veo_edge.errors import (
-    BackendError,
-    BackendUnavailableError,
-    InputError,
-    ModelLoadError,
-    NoBackendError,
-    UsageError,
-    VeoEdgeError,
-)
+from veo_edge.errors import BackendError, InputError, NoBackendError, UsageError, VeoEdgeError
+from veo_edge.runtime.activation import try_candidate
 from veo_edge.runtime.backends.base import Runner, Verdict
 from veo_edge.runtime.gate import Gate
 from veo_edge.runtime.state import (
@@ -69,7 +62,8 @@ class Fallback:
 
     ``probe(name)``: can a candidate run here; ``make(name)``: its (unactivated) runner; ``check(name,
     runner)``: warm an activated one, may it take traffic (``ok``, ``reason``, ``to_dict()``); ``where``:
-    the build, named when none can run. ``fallback=False``: no standby, no retry, failures are errors."""
+    the build, named when none can run. ``fallback=False``: no standby, no retry, failures are errors.
+    ``retry_after_s``: a candidate whose activation or warm-up raised is tried again this long after."""
 
     def __init__(
         self,
@@ -81,6 +75,7 @@ class Fallback:
         fallback: bool,
         where: str,
         check: Callable[[str, Runner], Any] | None = None,
+        retry_after_s: float | None = None,
     ) -> None:
         self.names = list(names)
         self.fallback = fallback
@@ -93,6 +88,9 @@ class Fallback:
         self._status = {n: CandidateStatus(n, "untried") for n in self.names}
         for n in disabled:
             self._status[n] = CandidateStatus(n, "disabled", "fallback is off (--no-fallback)")
+        #: a candidate refused for a fault that may heal -> when it may be tried again (``retry_after_s``)
+        self.retry_after_s = retry_after_s
+        self._retry_at: dict[str, float] = {}
         self._skipped: deque[dict[str, str]] = deque(maxlen=HISTORY)  # bounded: recovery may probe for days
         self._switches: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._verified: dict[str, Any] = {}
@@ -124,7 +122,7 @@ class Fallback:
         with self._lock:
             if self._active is None or self._switches or self.tally.faults or self.gate.held:
                 return False
-            return all(self._status[n].status != "untried" for n in self.names[self._active + 1 :])
+            return not any(self._untried(n) for n in self.names[self._active + 1 :])
 
     def state(self, *, started: bool, closed: bool) -> RuntimeState:
         with self._lock:
@@ -159,37 +157,32 @@ class Fallback:
     def _try(self, index: int, warm: bool = False) -> Runner | None:
         """Candidate ``index`` probed, activated (and with ``warm`` warm-checked); ``None``: skipped."""
         name = self.names[index]
-        verdict = self._probe(name)
-        reason = verdict.reason
-        runner = None
-        if verdict.ok:
-            try:
-                runner = self._make(name).activate()
-            except (BackendUnavailableError, BackendError, ModelLoadError) as e:
-                reason = str(e)
-        if runner is not None and warm and self._check is not None:
-            try:
-                result = self._check(name, runner)
-                reason = None if result.ok else f"warm-up canary failed: {result.reason}"
-            except (InputError, UsageError):
-                raise
-            except Exception as e:  # the runner failed on the warm-up batch: a fault of its own
-                error = e if isinstance(e, VeoEdgeError) else BackendError(f"{type(e).__name__}: {e}")
-                self.tally.fault(name, fault_kind(error))
-                reason = f"warm-up failed: {type(error).__name__}: {error}"
-            if reason is not None:
-                release(runner, name)
-                runner = None
-            else:
-                with self._lock:
-                    self._verified[name] = result
-        if runner is None:
-            reason = reason or "unusable (no reason given)"
-            log.info("backend %s skipped: %s", name, reason)
-            with self._lock:
-                self._skipped.append({"backend": name, "reason": reason})
-                self._status[name] = CandidateStatus(name, "skipped", reason)
-        return runner
+        check = self._check if warm else None
+        tried = try_candidate(name, probe=self._probe, make=self._make, check=check, tally=self.tally)
+        with self._lock:
+            self._retry_at.pop(name, None)
+            if tried.runner is not None:
+                if tried.result is not None:
+                    self._verified[name] = tried.result
+                return tried.runner
+            if tried.may_heal and self.retry_after_s is not None:
+                self._retry_at[name] = time.monotonic() + self.retry_after_s
+            self._skipped.append({"backend": name, "reason": tried.reason})
+            self._status[name] = CandidateStatus(name, "skipped", tried.reason)
+        log.info("backend %s skipped: %s", name, tried.reason)
+        return None
+
+    def _untried(self, name: str) -> bool:
+        """Never tried, or skipped for a fault that may have healed and due to be tried again."""
+        status = self._status[name].status
+        due = self._retry_at.get(name)
+        return status == "untried" or (status == "skipped" and due is not None and time.monotonic() >= due)
+
+    def recovery_due(self) -> bool:
+        """A switch happened, none is active, or a candidate ahead of the active one may have healed."""
+        if self._switches or self._active is None:
+            return True
+        return any(n in self._retry_at for n in self.names[: self._active])
 
     def activate_from(self, first: int, failure: str | None = None, warm: bool = False) -> None:
         """Activate the first usable candidate at or after ``first`` (under the exclusive side of the
@@ -211,7 +204,8 @@ class Fallback:
         self._set_status(self.names[index], "active")
 
     def prepare_standby(self) -> None:
-        """Warm the first never-tried candidate after the active one as its standby, unless one is held."""
+        """Warm the first untried candidate after the active one (:meth:`_untried`: also one whose fault
+        may have healed) as its standby, unless one is held."""
         if not self.fallback:
             return
         with self.gate.shared():
@@ -281,10 +275,10 @@ class Fallback:
     def _standby(self, j: int) -> Held | None:
         """Candidate ``j``'s standby; one never tried is activated and warmed now (None: it cannot run)."""
         held = self._held.get(j)
-        if held is not None or self._status[self.names[j]].status != "untried":
+        if held is not None or not self._untried(self.names[j]):
             return held
         with self._standby_lock:
-            if j not in self._held and self._status[self.names[j]].status == "untried" and not self._closed:
+            if j not in self._held and self._untried(self.names[j]) and not self._closed:
                 runner = self._try(j, warm=True)
                 if runner is not None:
                     self._held[j] = Held(runner)
@@ -361,32 +355,37 @@ class Fallback:
 
     def recover(self, only_if_none_active: bool = False) -> bool:
         """Back to a warm-checked candidate ahead of the active one (any, when none is); True if moved.
-        The one left becomes its standby. Takes the exclusive gate (re-entrant)."""
-        with self.gate:
-            if only_if_none_active and self._active is not None:
+        The one left becomes its standby. The candidate is activated and warmed while batches still run
+        on the active one; only the move itself takes the exclusive gate."""
+        with self.gate.shared(), self._standby_lock:  # the order _standby takes them in
+            if self._closed or (only_if_none_active and self._active is not None):
                 return False
-            upto, moved = len(self.names) if self._active is None else self._active, False
-            for i in range(upto):
-                if self._status[self.names[i]].status == "disabled":
-                    continue
-                runner = self._try(i, warm=True)
-                if runner is None:
-                    continue
-                old = self._active
-                if old is not None:
-                    self._set_status(self.names[old], "standby")
-                self._use(runner, i)
-                for k in sorted(k for k in tuple(self._held) if k > i)[1:]:  # one standby is enough
-                    release(self._held.pop(k).runner, self.names[k])
-                    self._set_status(self.names[k], "untried")
-                frm = "none" if old is None else self.names[old]
-                self._record(frm, self.names[i], "recovered")
-                log.warning("backend %s usable again; switched back from %s", self.names[i], frm)
-                moved = True
-                break
-        if moved:
-            self._prepare_in_background()
-        return moved
+            found = None
+            for i in range(len(self.names) if self._active is None else self._active):
+                if self._status[self.names[i]].status != "disabled":
+                    runner = self._try(i, warm=True)
+                    if runner is not None:
+                        found = (i, runner)
+                        break
+        if found is None:
+            return False
+        i, runner = found
+        with self.gate:
+            old = self._active
+            if self._closed or (old is not None and old <= i):  # closed, or moved by another meanwhile
+                release(runner, self.names[i])
+                return False
+            if old is not None:
+                self._set_status(self.names[old], "standby")
+            self._use(runner, i)
+            for k in sorted(k for k in tuple(self._held) if k > i)[1:]:  # one standby is enough
+                release(self._held.pop(k).runner, self.names[k])
+                self._set_status(self.names[k], "untried")
+            frm = "none" if old is None else self.names[old]
+            self._record(frm, self.names[i], "recovered")
+        log.warning("backend %s usable again; switched back from %s", self.names[i], frm)
+        self._prepare_in_background()
+        return True
 
     def deactivate(self) -> None:
         """Release every activated runner (under the exclusive side of the gate); none is active after."""

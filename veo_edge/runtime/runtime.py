@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,31 +41,13 @@ from veo_edge.runtime.policy import (
     probe_candidate,
     resolve_policy,
 )
-from veo_edge.runtime.state import HISTORY, CandidateStatus, RuntimeState, concurrency
+from veo_edge.runtime.recovery import RecoveryClock
+from veo_edge.runtime.state import HISTORY, CandidateStatus, RuntimeState, SyncCounters, concurrency
 from veo_edge.runtime.warmcheck import WarmCheck
 
 __all__ = ["HISTORY", "CandidateStatus", "Runtime", "RuntimeState"]
 
 log = logging.getLogger("veo_edge.runtime")
-
-
-@dataclass
-class _Counters(BatcherStats):
-    """Counters of the synchronous ``infer`` path, in the batcher's form so the two can be added."""
-
-    def add(self, other: BatcherStats) -> dict[str, Any]:
-        sizes = dict(self.batch_size_counts)
-        for k, v in other.batch_size_counts.items():
-            sizes[k] = sizes.get(k, 0) + v
-        dicts = ("batch_size_counts", "close_reasons")
-        out = {k: getattr(self, k) + getattr(other, k) for k in vars(self) if k not in dicts}
-        out["max_wait_us"] = max(self.max_wait_us, other.max_wait_us)
-        # the synchronous path forms no batches: only the batcher's batches have close reasons
-        return {
-            **out,
-            "batch_size_counts": dict(sorted(sizes.items())),
-            "close_reasons": dict(other.close_reasons),
-        }
 
 
 class Runtime:
@@ -108,6 +89,11 @@ class Runtime:
         self.max_queue_delay_ms = float(max_queue_delay_ms)
         self.max_queue = int(max_queue)
         self.threads = threads
+        if recover_interval_s is not None and not recover_interval_s > 0:
+            raise UsageError(
+                f"recover_interval_s must be > 0 seconds (or None: never), got {recover_interval_s}"
+            )
+        #: how often the recovery clock tries earlier backends and re-warms a healed standby (None: never)
         self.recover_interval_s = recover_interval_s
         if concurrency is not None and concurrency < 1:
             raise UsageError(f"concurrency must be >= 1 (batches in flight at once), got {concurrency}")
@@ -134,16 +120,17 @@ class Runtime:
             fallback=fallback,
             where=str(self.build.path),
             check=WarmCheck(self.build, self.input_name, self.output_name),
+            retry_after_s=recover_interval_s,
         )
         self._state_lock = threading.Lock()
-        self._sync = _Counters()
+        self._sync = SyncCounters()
         #: batch size -> total compute time (us) of the batches of that size, both paths (Triton batch_stats)
         self._batch_compute_us: dict[int, float] = {}
         self._last_inference_ms = 0
         self._batcher: Batcher | None = None
         self._started = False
         self._closed = False
-        self._last_recover = 0.0
+        self._recovery: RecoveryClock | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> Runtime:
@@ -168,6 +155,8 @@ class Runtime:
                 slots=self.concurrency or concurrency(self._backends.runner),
             )
             self._started = True
+            if self.recover_interval_s is not None:
+                self._recovery = RecoveryClock(self.recover_interval_s, self._recover_tick).start()
         return self
 
     def warm_up(self, sizes: Sequence[int] | None = None) -> dict[str, Any]:
@@ -213,6 +202,8 @@ class Runtime:
             if self._closed:
                 return
             self._closed = True
+        if self._recovery is not None:
+            self._recovery.stop(timeout)
         if self._batcher is not None:
             self._batcher.close(drain=drain, timeout=timeout)
             if self._batcher.alive:  # timed out while draining: it releases nothing
@@ -337,7 +328,6 @@ class Runtime:
 
     def _run_batch(self, x: np.ndarray) -> np.ndarray:
         """Run one batch on the active backend (switching on its failure, see :class:`Fallback`)."""
-        self._maybe_recover()
         start = time.perf_counter_ns()
         out = self._backends.run({self.input_name: x}, self.output_name)
         us = (time.perf_counter_ns() - start) / 1e3
@@ -347,19 +337,20 @@ class Runtime:
             self._last_inference_ms = int(time.time() * 1000)
         return out
 
-    def _maybe_recover(self) -> None:
-        due = self.recover_interval_s is not None and self._backends.switched
-        if due and (now := time.monotonic()) - self._last_recover >= self.recover_interval_s:
-            self._last_recover = now
+    def _recover_tick(self) -> None:
+        """The recovery clock's work: back to a candidate ahead when one may be usable again, then a
+        standby where a healed one can be warmed."""
+        if self._backends.recovery_due():
             self.try_recover()
+        if not self._closed:
+            self._backends.prepare_standby()
 
     def try_recover(self, only_if_none_active: bool = False) -> bool:
         """Back to a candidate ahead of the active one (the GPU after an OOM), or any when all failed;
         True if moved. ``only_if_none_active``: not while one is active (decided under the gate)."""
-        with self._backends.gate:
-            if self._closed or not self._started:
-                return False
-            return self._backends.recover(only_if_none_active)
+        if self._closed or not self._started:
+            return False
+        return self._backends.recover(only_if_none_active)
 
     # -- observation ------------------------------------------------------------------------------
     @property

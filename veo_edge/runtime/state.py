@@ -12,6 +12,7 @@ from typing import Any
 
 from veo_edge.errors import CudaOutOfMemoryError, DeviceLostError, NoBackendError
 from veo_edge.runtime.backends.base import Runner
+from veo_edge.runtime.batching import BatcherStats
 
 log = logging.getLogger("veo_edge.runtime")
 
@@ -57,6 +58,25 @@ class RuntimeState:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class SyncCounters(BatcherStats):
+    """Counters of the synchronous ``infer`` path, in the batcher's form so the two can be added."""
+
+    def add(self, other: BatcherStats) -> dict[str, Any]:
+        sizes = dict(self.batch_size_counts)
+        for k, v in other.batch_size_counts.items():
+            sizes[k] = sizes.get(k, 0) + v
+        dicts = ("batch_size_counts", "close_reasons")
+        out = {k: getattr(self, k) + getattr(other, k) for k in vars(self) if k not in dicts}
+        out["max_wait_us"] = max(self.max_wait_us, other.max_wait_us)
+        # the synchronous path forms no batches: only the batcher's batches have close reasons
+        return {
+            **out,
+            "batch_size_counts": dict(sorted(sizes.items())),
+            "close_reasons": dict(other.close_reasons),
+        }
 
 
 def concurrency(runner: Runner | None) -> int:

@@ -1,0 +1,104 @@
+"""The recovery clock (``recover_interval_s``): a standby whose warm-up failed is warmed again once its
+fault may have healed, and a recovery warms the backend it returns to while the traffic keeps running on
+the active one. Real ONNX Runtime and OpenVINO runners; the faults are injected configuration."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from veo_edge.errors import UsageError
+from veo_edge.runtime.faults import InjectedDeviceLostError
+from veo_edge.runtime.runtime import Runtime
+
+CPU_CHAIN = ["onnxruntime", "openvino"]
+X = np.random.default_rng(5).standard_normal((1, 3, 32, 32)).astype(np.float32)
+
+
+class Clock:
+    """A fault clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def statuses(rt: Runtime) -> dict[str, str]:
+    return {c.name: c.status for c in rt.state.candidates}
+
+
+def wait_for(what: Callable[[], bool], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not what() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return what()
+
+
+# openvino's warm-up as a standby fails once (at 0 s); onnxruntime loses its device once, at 10 s
+FAULTS = {"openvino": {"once_at_s": 0}, "onnxruntime": {"once_at_s": 10, "error": "device_lost"}}
+
+
+def test_a_standby_whose_warm_up_failed_is_warmed_again_and_answers_the_next_lost_device(
+    nano_build: Path,
+) -> None:
+    clock = Clock()
+    with Runtime(nano_build, policy=CPU_CHAIN, faults=FAULTS, fault_clock=clock, recover_interval_s=0.2) as rt:
+        assert rt.state.skipped[0]["backend"] == "openvino"
+        assert rt.state.skipped[0]["reason"].startswith("warm-up failed: InjectedOutOfMemoryError")
+        assert wait_for(lambda: statuses(rt) == {"onnxruntime": "active", "openvino": "standby"})
+        assert rt.stats()["standby_backend"] == "openvino"
+        clock.t = 10
+        y = rt.infer(X)  # the device is lost on onnxruntime: re-run on the re-warmed standby
+        assert y.shape == (1, 10) and rt.active_backend == "openvino"
+        stats = rt.stats()
+        assert stats["requests_failure"] == 0 and stats["retries"] == {"openvino": {"ok": 1}}
+        assert stats["faults"] == {"onnxruntime": {"device_lost": 1}, "openvino": {"oom": 1}}
+
+
+def test_without_the_recovery_clock_the_failed_standby_stays_skipped(nano_build: Path) -> None:
+    """The same faults with no recovery interval: nothing re-warms openvino, so the lost device fails
+    its batch (no retry where a device was lost) and only the switch after it tries openvino again."""
+    clock = Clock()
+    with Runtime(nano_build, policy=CPU_CHAIN, faults=FAULTS, fault_clock=clock) as rt:
+        time.sleep(0.5)
+        assert statuses(rt) == {"onnxruntime": "active", "openvino": "skipped"}
+        assert rt.stats()["standby_backend"] is None
+        clock.t = 10
+        with pytest.raises(InjectedDeviceLostError):
+            rt.infer(X)
+        assert rt.active_backend == "openvino" and rt.infer(X).shape == (1, 10)
+
+
+def test_a_recovery_warms_its_backend_while_batches_run_on_the_active_one(nano_build: Path) -> None:
+    """onnxruntime loses its device on its first call and every one of its calls takes 1.5 s: while the
+    recovery warms it again, batches keep running on openvino; then traffic moves back."""
+    faults = {"onnxruntime": [{"once_at_s": 0, "error": "device_lost"}, {"slow_ms": 1500}]}
+    with Runtime(nano_build, policy=CPU_CHAIN, faults=faults, fault_clock=lambda: 0.0) as rt:
+        rt.infer(X)  # lost on onnxruntime, answered by openvino, which takes the traffic
+        assert rt.active_backend == "openvino"
+        moved: list[bool] = []
+        recovery = threading.Thread(target=lambda: moved.append(rt.try_recover()))
+        recovery.start()
+        during = []
+        while recovery.is_alive():
+            y = rt.infer(X)
+            if recovery.is_alive():
+                during.append(y.shape)
+        recovery.join()
+        assert moved == [True] and rt.active_backend == "onnxruntime"
+        assert len(during) >= 3 and set(during) == {(1, 10)}
+        assert statuses(rt) == {"onnxruntime": "active", "openvino": "standby"}
+        assert rt.state.switches[-1]["reason"] == "recovered"
+
+
+@pytest.mark.parametrize("interval", [0, -1.0])
+def test_a_recovery_interval_must_be_positive(nano_build: Path, interval: float) -> None:
+    with pytest.raises(UsageError, match="recover_interval_s must be > 0 seconds"):
+        Runtime(nano_build, recover_interval_s=interval)
