@@ -34,6 +34,12 @@ def serve(
         help="A lone request runs on the event loop's thread, no hand-off, while the model's lone requests "
         "take at most this many ms (the median of the last 5; 0: never).",
     ),
+    recover_interval: str = typer.Option(
+        "30s",
+        "--recover-interval",
+        help="How often, after a fault, to try the backends ahead of the active one again and re-warm a "
+        "standby whose warm-up failed (e.g. 30s, 2m; off: never). Runs beside the traffic.",
+    ),
     infer_timeout: float = typer.Option(60.0, "--infer-timeout", help="Seconds before an infer gets 504."),
     read_timeout: float = typer.Option(
         30.0, "--read-timeout", help="Seconds a request may take to arrive whole (408 after)."
@@ -102,6 +108,7 @@ def serve(
     from veo_edge.serve.repository import find_models
     from veo_edge.serve.server import serve_async
     from veo_edge.serve.transport import Limits
+    from veo_edge.soak.units import parse_duration
 
     for flag, value, least in (
         ("--port", port, 0),
@@ -121,6 +128,7 @@ def serve(
         raise UsageError(f"--read-timeout {read_timeout} must be positive")
     if lone_max_ms < 0:
         raise UsageError(f"--lone-max-ms {lone_max_ms} must be 0 (never) or more")
+    recover_s = None if recover_interval == "off" else parse_duration(recover_interval, "--recover-interval")
     access = make_policy(model_control_mode, load_token(control_token_file), (restrict_api or "").split(","))
     names = [p.strip() for p in policy.split(",") if p.strip()] if policy is not None else None
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -153,6 +161,7 @@ def serve(
                 max_queue_delay_ms=max_queue_delay_ms,
                 threads=threads,
                 performance_hint=performance_hint.upper(),
+                recover_interval_s=recover_s,
             ).start()
 
         return make
