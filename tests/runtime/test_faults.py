@@ -187,7 +187,11 @@ def test_a_runtime_keeps_the_schedule_across_fallback_and_recovery(nano_build: P
     x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
     faults = {"onnxruntime": [{"every_s": 10}, {"once_at_s": 15, "error": "device_lost"}]}
     with Runtime(
-        nano_build, policy=["onnxruntime", "openvino"], faults=faults, recover_interval_s=0.2, fault_clock=clock
+        nano_build,
+        policy=["onnxruntime", "openvino"],
+        faults=faults,
+        recover_interval_s=0.2,
+        fault_clock=clock,
     ) as rt:
         active = []
         for t in (1, 10, 11, 15, 16, 20, 21):

@@ -49,7 +49,9 @@ def test_a_standby_whose_warm_up_failed_is_warmed_again_and_answers_the_next_los
     nano_build: Path,
 ) -> None:
     clock = Clock()
-    with Runtime(nano_build, policy=CPU_CHAIN, faults=FAULTS, fault_clock=clock, recover_interval_s=0.2) as rt:
+    with Runtime(
+        nano_build, policy=CPU_CHAIN, faults=FAULTS, fault_clock=clock, recover_interval_s=0.2
+    ) as rt:
         assert rt.state.skipped[0]["backend"] == "openvino"
         assert rt.state.skipped[0]["reason"].startswith("warm-up failed: InjectedOutOfMemoryError")
         assert wait_for(lambda: statuses(rt) == {"onnxruntime": "active", "openvino": "standby"})

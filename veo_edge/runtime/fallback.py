@@ -111,18 +111,18 @@ class Fallback:
     def active_backend(self) -> str | None:
         return None if self._active is None else self.names[self._active]
 
-    @property
-    def switched(self) -> bool:
-        """Whether any switch (a failure or a recovery) has happened."""
-        return bool(self._switches)
-
     def steady(self) -> bool:
-        """No fault or switch so far, the gate free and no candidate after the active one untried (a retry
-        would activate none): a batch run now needs only its compute (:meth:`Runtime.run_alone`)."""
+        """A batch run now needs only its compute (:meth:`Runtime.run_alone`): a backend active whose last
+        call succeeded, the gate free, no switch or release pending, no candidate after it untried (a
+        retry would activate it). Faults and switches of the past do not count."""
         with self._lock:
-            if self._active is None or self._switches or self.tally.faults or self.gate.held:
+            active = self._active
+            if active is None or self.gate.held or self._due or self._retired or self._prepare_due:
                 return False
-            return not any(self._untried(n) for n in self.names[self._active + 1 :])
+            held = self._held.get(active)
+            if held is None or held.failures:
+                return False
+            return not any(self._untried(n) for n in self.names[active + 1 :])
 
     def state(self, *, started: bool, closed: bool) -> RuntimeState:
         with self._lock:
