@@ -104,3 +104,23 @@ def test_a_recovery_warms_its_backend_while_batches_run_on_the_active_one(nano_b
 def test_a_recovery_interval_must_be_positive(nano_build: Path, interval: float) -> None:
     with pytest.raises(UsageError, match="recover_interval_s must be > 0 seconds"):
         Runtime(nano_build, recover_interval_s=interval)
+
+
+def test_a_dropped_standby_is_warmed_again_on_the_recovery_clock(nano_build: Path) -> None:
+    """openvino (active) fails every 2nd call, each time answered by its own second try; onnxruntime
+    (the standby) fails calls 2-4 of each runner, so the retries drop it after 3 in a row. The clock warms
+    a new onnxruntime runner (its call 1, the warm-up, runs) as the standby again; without it, none."""
+    faults = {"openvino": {"every_nth": 2}, "onnxruntime": {"oom_after": 1, "recover_after": 4}}
+    for interval in (0.2, None):
+        with Runtime(nano_build, policy=CPU_CHAIN[::-1], faults=faults, recover_interval_s=interval) as rt:
+            for _ in range(4):
+                assert rt.infer(X).shape == (1, 10)
+            stats = rt.stats()
+            assert stats["requests_failure"] == 0
+            assert stats["retries"] == {"onnxruntime": {"failed": 3}, "openvino": {"ok": 3}}
+            if interval is None:
+                time.sleep(0.5)
+                assert statuses(rt)["onnxruntime"] == "failed" and rt.stats()["standby_backend"] is None
+            else:
+                assert wait_for(lambda: statuses(rt) == {"openvino": "active", "onnxruntime": "standby"})
+                assert rt.stats()["standby_backend"] == "onnxruntime"

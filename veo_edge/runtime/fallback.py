@@ -12,7 +12,8 @@ The rules (docs/serving.md, "Faults, retries and fallback"):
 - **Standby.** The first usable candidate after the active one is activated and warmed (``check``: the
   golden canary at the build's largest batch, by the rule of the precision it serves) before it takes any
   traffic; one that fails its warm-up is skipped with the reason (tried again ``retry_after_s`` later
-  when its activation or warm-up raised). After a switch the next one is prepared in the background.
+  when its activation or warm-up raised, as is a dropped one). After a switch the next one is prepared
+  in the background.
 - **Retry.** A batch that fails on a backend is re-run on every candidate after it that can run (the
   standby first; one never tried is activated and warmed then), once each, and, when the failure was
   transient, once more on the backend it failed on, before any of its requests gets an error.
@@ -173,10 +174,9 @@ class Fallback:
         return None
 
     def _untried(self, name: str) -> bool:
-        """Never tried, or skipped for a fault that may have healed and due to be tried again."""
-        status = self._status[name].status
+        """Never tried, or refused or dropped for a fault that may have healed, and due to be tried again."""
         due = self._retry_at.get(name)
-        return status == "untried" or (status == "skipped" and due is not None and time.monotonic() >= due)
+        return self._status[name].status == "untried" or (due is not None and time.monotonic() >= due)
 
     def recovery_due(self) -> bool:
         """A switch happened, none is active, or a candidate ahead of the active one may have healed."""
@@ -306,6 +306,8 @@ class Fallback:
             self._retired.append(held.runner)
             self._status[name] = CandidateStatus(name, "failed", f"{type(error).__name__}: {error}")
             self._verified.pop(name, None)
+            if self.retry_after_s is not None:  # its fault may heal: warm it again later
+                self._retry_at[name] = time.monotonic() + self.retry_after_s
             self._prepare_due = True
         log.warning("standby %s dropped after %s", name, short(f"{type(error).__name__}: {error}"))
 
@@ -354,9 +356,8 @@ class Fallback:
             self.fallback_count += failure
 
     def recover(self, only_if_none_active: bool = False) -> bool:
-        """Back to a warm-checked candidate ahead of the active one (any, when none is); True if moved.
-        The one left becomes its standby. The candidate is activated and warmed while batches still run
-        on the active one; only the move itself takes the exclusive gate."""
+        """Back to a warm-checked candidate ahead of the active one (any, when none is; the one left is
+        its standby); True if moved. Warmed while batches run on; only the move takes the whole gate."""
         with self.gate.shared(), self._standby_lock:  # the order _standby takes them in
             if self._closed or (only_if_none_active and self._active is not None):
                 return False
