@@ -12,6 +12,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from veo_edge.serve.protocol import decode_infer_response, encode_infer_request
 
@@ -79,3 +80,16 @@ def test_sigterm_drains_in_flight_requests(serve, nano_build):
     assert in_flight > 0, log
     assert results["ok"] > 0
     assert answered == results["ok"], (results, log)
+
+
+def test_a_killed_server_leaves_no_process_behind(serve, nano_build):
+    """SIGKILL (an OOM killer, a supervisor) runs no handler: the JSON decoding worker and
+    multiprocessing's resource tracker, which a server starts, must still end with it."""
+    psutil = pytest.importorskip("psutil")
+    server = serve(nano_build)
+    children = psutil.Process(server.proc.pid).children(recursive=True)
+    assert any("spawn_main" in " ".join(c.cmdline()) for c in children), [c.cmdline() for c in children]
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait(30)
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert not alive, [(p.pid, p.cmdline()) for p in alive]

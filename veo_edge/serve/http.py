@@ -22,6 +22,7 @@ from typing import Any
 
 from veo_edge.serve.bodies import BodyBudget, Disconnected, HttpError, read_body
 from veo_edge.serve.control import CONTROL_ROUTES, HTTP_GROUPS, AccessPolicy
+from veo_edge.serve.decoder import start_decoder
 from veo_edge.serve.metrics import render
 from veo_edge.serve.protocol import ProtocolError, encode_infer_response, parse_infer_request
 from veo_edge.serve.shm import ShmRegistry
@@ -333,13 +334,3 @@ class HttpApp:
         self.prestart_decoder()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._decoder, parse_infer_request, body, hlen, model)
-
-
-def start_decoder() -> ProcessPoolExecutor:
-    """The worker process that decodes large JSON heads, started now (spawned: never fork a process
-    holding backend threads; before the gRPC server exists, whose fork handlers would complain)."""
-    import multiprocessing
-
-    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-    pool.submit(int)
-    return pool

@@ -15,7 +15,8 @@ from typing import Any
 
 from veo_edge.serve.alone import LoneRequests
 from veo_edge.serve.app import InferenceService, ServeOptions
-from veo_edge.serve.http import HttpApp, start_decoder
+from veo_edge.serve.decoder import start_decoder
+from veo_edge.serve.http import HttpApp
 from veo_edge.serve.images import ImageModels
 from veo_edge.serve.listen import Listeners
 from veo_edge.serve.repository import ModelSet
