@@ -103,7 +103,10 @@ def run(
         'or VEO_EDGE_FAULTS JSON, e.g. \'{"onnxruntime": {"every_nth": 500}}\'.',
     ),
     recover_interval: str = typer.Option(
-        None, "--recover-interval", help="Retry earlier backends this often."
+        None,
+        "--recover-interval",
+        help="After a fault, try the backends ahead of the active one again, and re-warm a standby whose "
+        "warm-up failed, this often (default: never).",
     ),
     threads: int = typer.Option(None, "--threads", help="CPU backend threads."),
     seed: int = typer.Option(0, "--seed", help="Seed of the request input."),
