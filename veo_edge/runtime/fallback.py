@@ -15,8 +15,8 @@ The rules (docs/serving.md, "Faults, retries and fallback"):
   when its activation or warm-up raised, as is a dropped one). After a switch the next one is prepared
   in the background.
 - **Retry.** A batch that fails on a backend is re-run on every candidate after it that can run (the
-  standby first; one never tried is activated and warmed then), once each, and, when the failure was
-  transient, once more on the backend it failed on, before any of its requests gets an error.
+  standby first; one untried, or due again, is activated and warmed then), once each, and, when the
+  failure was transient, once more on the backend it failed on, before any of its requests gets an error.
 - **Switch.** A lost device (:class:`~veo_edge.errors.DeviceLostError`) switches at once. Out of memory
   and any other backend error are transient: the backend keeps new batches until :data:`SWITCH_AFTER`
   consecutive failed calls (a success resets the count), then traffic moves to the standby. A standby
@@ -273,7 +273,7 @@ class Fallback:
         return None
 
     def _standby(self, j: int) -> Held | None:
-        """Candidate ``j``'s standby; one never tried is activated and warmed now (None: it cannot run)."""
+        """Candidate ``j``'s standby; an untried one (or one due again) is activated and warmed now."""
         held = self._held.get(j)
         if held is not None or not self._untried(self.names[j]):
             return held
