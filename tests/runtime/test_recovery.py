@@ -4,6 +4,7 @@ the active one. Real ONNX Runtime and OpenVINO runners; the faults are injected 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ import pytest
 
 from veo_edge.errors import UsageError
 from veo_edge.runtime.faults import InjectedDeviceLostError
+from veo_edge.runtime.recovery import BACKOFF_MAX, Backoff
 from veo_edge.runtime.runtime import Runtime
 
 CPU_CHAIN = ["onnxruntime", "openvino"]
@@ -124,3 +126,55 @@ def test_a_dropped_standby_is_warmed_again_on_the_recovery_clock(nano_build: Pat
             else:
                 assert wait_for(lambda: statuses(rt) == {"openvino": "active", "onnxruntime": "standby"})
                 assert rt.stats()["standby_backend"] == "onnxruntime"
+
+
+def test_the_backoff_doubles_each_wait_up_to_its_cap_and_a_success_forgets() -> None:
+    clock = Clock()
+    backoff = Backoff(30.0, clock=clock)
+    waits = [backoff.failed("tensorrt") for _ in range(6)]
+    assert waits == [30.0 * min(2**k, BACKOFF_MAX) for k in range(6)] and waits[-1] == 30.0 * BACKOFF_MAX
+    assert backoff.pending("tensorrt") and backoff.waiting("tensorrt") and not backoff.due("tensorrt")
+    clock.t = waits[-1]
+    assert backoff.due("tensorrt") and not backoff.waiting("tensorrt")
+    backoff.clear("tensorrt")
+    assert not backoff.pending("tensorrt") and backoff.failed("tensorrt") == 30.0  # starts over
+    never = Backoff(None, clock=clock)
+    assert never.failed("tensorrt") is None and not never.pending("tensorrt")
+
+
+def test_a_backend_ahead_that_stays_down_is_tried_less_and_less_often(nano_build: Path) -> None:
+    """onnxruntime (first) fails every call from 10 s on the fault clock with a lost device: traffic moves
+    to openvino, and the clock (0.1 s) tries onnxruntime again and again, each warm-up failing. The waits
+    between attempts double (0.1, 0.2, 0.4 s, ...), where every tick would try it without the backoff.
+    Once it heals, readiness's try_recover (no backoff) moves traffic back at once."""
+    clock = Clock()
+    faults = {"onnxruntime": {"after_s": 10, "error": "device_lost"}}
+    interval = 0.1
+    with Runtime(
+        nano_build, policy=CPU_CHAIN, faults=faults, fault_clock=clock, recover_interval_s=interval
+    ) as rt:
+        clock.t = 10
+        assert rt.infer(X).shape == (1, 10) and rt.active_backend == "openvino"
+
+        def attempts() -> int:  # each failed warm-up of onnxruntime counts one lost device
+            return rt.stats()["faults"]["onnxruntime"]["device_lost"] - 1  # the first: the batch
+
+        seen, times, end = 0, [], time.monotonic() + 2.5
+        while time.monotonic() < end:
+            if attempts() > seen:
+                seen = attempts()
+                times.append(time.monotonic())
+            time.sleep(0.005)
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert len(times) >= 4 and max(gaps) >= 0.75 * interval * BACKOFF_MAX, times
+        # lower bounds only (a slow machine waits longer); a quarter of slack for the warm-up's own time
+        for k, gap in enumerate(gaps):
+            assert gap >= 0.75 * interval * min(2**k, BACKOFF_MAX), gaps
+        assert len(times) <= 8  # a tick each 0.1 s would have tried about 15 times
+        assert rt.active_backend == "openvino" and rt.stats()["requests_failure"] == 0
+        # healed just after an attempt failed (its next one 0.8 s away): readiness's path tries at once
+        assert wait_for(lambda: attempts() > seen, timeout=5)
+        failed_at = time.monotonic()
+        clock.t = 0
+        assert rt.try_recover() and rt.active_backend == "onnxruntime"
+        assert time.monotonic() - failed_at < 0.75 * interval * BACKOFF_MAX

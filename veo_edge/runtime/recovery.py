@@ -1,18 +1,67 @@
 """The runtime's recovery clock: a thread that, every ``recover_interval_s``, tries the candidates ahead of
 the active one again (back to the GPU once it is usable) and re-warms a standby whose fault may have
-healed, so that neither ever waits on a batch or on the serving loop."""
+healed, so that neither ever waits on a batch or on the serving loop; and the backoff that spaces out
+the attempts on a candidate that keeps failing them."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from veo_edge.runtime.state import short
 
-__all__ = ["RecoveryClock"]
+__all__ = ["BACKOFF_MAX", "Backoff", "RecoveryClock"]
 
 log = logging.getLogger("veo_edge.runtime")
+
+#: the longest wait between two attempts on one candidate, in recovery intervals (4 min at 30 s)
+BACKOFF_MAX = 8
+
+
+class Backoff:
+    """When each candidate that failed an attempt (an activation, a warm-up, a recovery) may be tried
+    again: ``base_s`` after its first failure, then twice as long after each further one, up to
+    :data:`BACKOFF_MAX` times ``base_s``; a success forgets it. ``base_s=None``: never (nothing is kept).
+
+    A GPU that is gone for good would otherwise be deserialized and warmed on every tick beside the
+    traffic, for the server's life."""
+
+    def __init__(self, base_s: float | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.base_s = base_s
+        self._clock = clock
+        self._at: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+
+    def failed(self, name: str) -> float | None:
+        """Count a failed attempt on ``name``; returns the wait before the next one (None: never)."""
+        if self.base_s is None:
+            return None
+        n = self._failures.get(name, 0)
+        self._failures[name] = n + 1
+        wait = self.base_s * min(2**n, BACKOFF_MAX)
+        self._at[name] = self._clock() + wait
+        return wait
+
+    def clear(self, name: str) -> None:
+        """``name`` succeeded, or will not be tried again: no wait, and the next failure starts over."""
+        self._at.pop(name, None)
+        self._failures.pop(name, None)
+
+    def pending(self, name: str) -> bool:
+        """``name`` failed and is to be tried again (now or later)."""
+        return name in self._at
+
+    def due(self, name: str) -> bool:
+        """``name`` failed and its wait is over."""
+        at = self._at.get(name)
+        return at is not None and self._clock() >= at
+
+    def waiting(self, name: str) -> bool:
+        """``name`` failed and its wait is not over."""
+        at = self._at.get(name)
+        return at is not None and self._clock() < at
 
 
 class RecoveryClock:

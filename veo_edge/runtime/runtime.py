@@ -340,8 +340,8 @@ class Runtime:
     def _recover_tick(self) -> None:
         """The recovery clock's work: back to a candidate ahead when one may be usable again, then a
         standby where a healed one can be warmed."""
-        if self._backends.recovery_due():
-            self.try_recover()
+        if self._backends.recovery_due() and not self._closed and self._started:
+            self._backends.recover(backoff=True)
         if not self._closed:
             self._backends.prepare_standby()
 
