@@ -38,7 +38,8 @@ def serve(
         "30s",
         "--recover-interval",
         help="How often, after a fault, to try the backends ahead of the active one again and re-warm a "
-        "standby whose warm-up failed (e.g. 30s, 2m; off: never). Runs beside the traffic.",
+        "standby whose warm-up failed (e.g. 30s, 2m; off: never). Runs beside the traffic; a backend "
+        "that fails again waits twice as long each time, up to 8 intervals.",
     ),
     infer_timeout: float = typer.Option(60.0, "--infer-timeout", help="Seconds before an infer gets 504."),
     read_timeout: float = typer.Option(
@@ -128,7 +129,11 @@ def serve(
         raise UsageError(f"--read-timeout {read_timeout} must be positive")
     if lone_max_ms < 0:
         raise UsageError(f"--lone-max-ms {lone_max_ms} must be 0 (never) or more")
-    recover_s = None if recover_interval == "off" else parse_duration(recover_interval, "--recover-interval")
+    recover_s = (
+        None
+        if recover_interval.strip().lower() == "off"
+        else parse_duration(recover_interval, "--recover-interval")
+    )
     access = make_policy(model_control_mode, load_token(control_token_file), (restrict_api or "").split(","))
     names = [p.strip() for p in policy.split(",") if p.strip()] if policy is not None else None
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")

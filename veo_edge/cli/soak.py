@@ -106,7 +106,8 @@ def run(
         None,
         "--recover-interval",
         help="After a fault, try the backends ahead of the active one again, and re-warm a standby whose "
-        "warm-up failed, this often (default: never).",
+        "warm-up failed, this often (default and off: never); one that fails again waits twice as long "
+        "each time, up to 8 intervals.",
     ),
     threads: int = typer.Option(None, "--threads", help="CPU backend threads."),
     seed: int = typer.Option(0, "--seed", help="Seed of the request input."),
@@ -165,7 +166,7 @@ def run(
         policy=[p.strip() for p in policy.split(",")] if policy else None,
         chaos=faults,
         recover_interval_s=parse_duration(recover_interval, "--recover-interval")
-        if recover_interval
+        if recover_interval and recover_interval.strip().lower() != "off"
         else None,
         threads=threads,
         seed=seed,
