@@ -97,6 +97,11 @@ def test_cli_errors_are_one_line_with_distinct_codes(capsys, tmp_path: Path, nan
     assert code == 2 and "--resume continues a run with its own settings; drop --duration" in out
     code, out = _cli(capsys, "soak", str(tmp_path), "--duration", "5s", "--out", str(tmp_path / "r"))
     assert code == 7 and not (tmp_path / "r").exists()  # not a build directory: BuildDirError
+    code, out = _cli(capsys, "soak", str(nano_build), "--duration", "5s", "--recover-interval", "soon")
+    assert code == 2 and "--recover-interval 'soon' is not a duration" in out
+    for off in ("off", "OFF"):  # no recovery clock, in any case: the options pass, the build dir does not
+        code, out = _cli(capsys, "soak", str(tmp_path), "--duration", "5s", "--recover-interval", off)
+        assert code == 7, out
 
 
 def test_unreachable_server_leaves_no_run_dir(capsys, tmp_path: Path):
