@@ -13,7 +13,8 @@ HEAVY = ["torch", "tensorrt", "pynvml", "docker", "onnxruntime", "openvino", "on
 
 
 def veo(*args, env=None, block=(), cwd=None, timeout=300):
-    """Run ``veo-edge`` in a fresh interpreter, optionally with some packages made unimportable."""
+    """Run ``veo-edge`` in a fresh interpreter, optionally with some packages made unimportable; an ``env``
+    value of ``None`` removes that variable."""
     code = textwrap.dedent(
         f"""
         import sys
@@ -24,7 +25,7 @@ def veo(*args, env=None, block=(), cwd=None, timeout=300):
         """
     )
     full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
-    full_env.pop("VEO_EDGE_DEBUG", None)
+    full_env = {k: v for k, v in full_env.items() if v is not None and k != "VEO_EDGE_DEBUG"}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, cwd=cwd,
                           timeout=timeout)  # fmt: skip
 
@@ -126,8 +127,10 @@ def test_default_build_end_to_end_on_vit_digits(tmp_path):
     assert m["outputs"][0]["shape"] == [-1, 10]
     acc = m["cpu_precision"]["accuracy"]
     assert acc["samples"] == 540 and acc["top1"]["openvino"]["f32"] > 90  # an untrained ViT scores ~10
-    r = veo("inspect", tmp_path / "vit-digits")
+    r = veo("inspect", tmp_path / "vit-digits", env={"COLUMNS": None})  # piped, as into a file or grep
     assert r.returncode == 0 and "top-1 on 540 labelled samples" in r.stdout, r.stderr
+    (artifacts,) = [line for line in r.stdout.splitlines() if "artifacts:" in line]
+    assert "openvino_xml" in artifacts and "surgery_report" in artifacts, r.stdout  # whole, not cut at 80
 
 
 def test_successful_build_says_where_and_what_next(tmp_path):

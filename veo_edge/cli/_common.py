@@ -13,9 +13,14 @@ class State:
 
 
 def console(stderr: bool = False):
+    """The commands' console. Piped into a file or ``grep`` (no terminal, no ``COLUMNS``), rich would cut
+    every line at 80 columns, mid-list: there a line stays whole up to 400 columns."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    c = Console(stderr=stderr, highlight=False)
+    if not c.is_terminal and "COLUMNS" not in os.environ:
+        c.width = max(c.width, 400)
+    return c
 
 
 def print_json(obj: Any) -> None:
