@@ -146,7 +146,7 @@ def infer(
     for i, row in enumerate(result["top_k"][:8]):
         name = str(image[i]) if image and i < len(image) else f"sample {i}"
         c.print(
-            f"  {name}: " + ", ".join(f"{t.get('label', t['class'])} ({t['logit']:.3f})" for t in row),
+            f"  {name}: " + ", ".join(f"{t.get('label', t['class'])} (logit {t['logit']:.3f})" for t in row),
             markup=False,
             soft_wrap=True,
         )
