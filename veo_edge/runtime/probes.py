@@ -86,6 +86,30 @@ def probe_int8(source: str | Path | None = None) -> Probe:
     )
 
 
+#: the CPU flags with which OpenVINO computes bf16 natively; without them ``--cpu-precision bf16`` runs f32
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+#: what bf16 measured with them (docs/benchmarks.md: `python bench/runtime.py precision`)
+BF16_MEASURED = "vit-tiny ran 1.5-1.9x faster at bf16 than at f32 on such a CPU (docs/benchmarks.md)"
+
+
+def probe_bf16(source: str | Path | None = None) -> Probe:
+    """Whether ``--cpu-precision bf16`` runs bf16 here: the CPU has one of :data:`BF16_FLAGS` (OpenVINO's
+    own test, :func:`veo_edge.runtime.backends.openvino.native_bf16`, agrees on x86). Elsewhere on x86 it
+    runs f32, and says so; other architectures are not judged."""
+    flags, _ = _cpu(source)
+    have = [f for f in BF16_FLAGS if f in flags]
+    if have:
+        return Probe("bf16", True, f"bf16 native ({', '.join(have)}): {BF16_MEASURED}", data={"flags": have})
+    if "avx2" not in flags and "avx512f" not in flags:
+        return Probe("bf16", True, "not an x86 CPU with AVX2: bf16 not judged", data={"flags": []})
+    return Probe(
+        "bf16",
+        False,
+        reason=f"this CPU has none of {', '.join(BF16_FLAGS)}: --cpu-precision bf16 runs f32 here",
+        data={"flags": []},
+    )
+
+
 def probe_cpu(source: str | Path | None = None) -> Probe:
     flags, model = _cpu(source)
     wanted = [
@@ -98,6 +122,7 @@ def probe_cpu(source: str | Path | None = None) -> Probe:
         "avx_vnni",
         "amx_tile",
         "amx_int8",
+        "amx_bf16",
         "asimd",
         "sve",
     ]
@@ -228,6 +253,7 @@ def probe_all() -> list[Probe]:
     return [
         probe_cpu(),
         probe_int8(),
+        probe_bf16(),
         probe_gpu(),
         probe_tensorrt(),
         probe_onnxruntime(),
