@@ -81,7 +81,7 @@ def probe_int8(source: str | Path | None = None) -> Probe:
         "int8",
         False,
         reason=f"this CPU has none of {', '.join(INT8_FLAGS)}: {INT8_WITHOUT_VNNI}; "
-        "build with --cpu-precision f32 (or bf16) for speed, or serve int8 on a CPU with VNNI or AMX",
+        "build with --cpu-precision f32 for speed (bf16 needs avx512_bf16 or amx_bf16), or serve int8 on a CPU with VNNI or AMX",
         data={"flags": []},
     )
 
