@@ -11,8 +11,8 @@ _MISSING = {"int8": "slow", "bf16": "f32"}
 
 
 def doctor(json_out: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
-    """Probe CPU (and whether it runs int8 fast: VNNI or AMX; bf16 natively: AVX512-BF16 or AMX), GPU/driver (NVML), TensorRT, ONNX Runtime,
-    OpenVINO and the Docker engine."""
+    """Probe CPU (and whether it runs int8 fast: VNNI or AMX; bf16 natively: AVX512-BF16 or AMX),
+    GPU/driver (NVML), TensorRT, ONNX Runtime, OpenVINO and the Docker engine."""
     from veo_edge.runtime.probes import probe_all
 
     probes = probe_all()

@@ -68,21 +68,34 @@ def _cpu(source: str | Path | None = None) -> tuple[set[str], str]:
     return flags, model
 
 
+def _by_flags(
+    name: str, wanted: tuple[str, ...], source: str | Path | None, found: str, unjudged: str, without: str
+) -> Probe:
+    """Probe ``name`` by the CPU flags: ok with ``found (the flags it has)`` when the CPU has one of
+    ``wanted``; on an x86 CPU without them not ok, with ``without`` as the reason; ok and ``unjudged``
+    elsewhere (other architectures are not judged by x86 flags)."""
+    flags, _ = _cpu(source)
+    have = [f for f in wanted if f in flags]
+    if have:
+        return Probe(name, True, found.format(flags=", ".join(have)), data={"flags": have})
+    if "avx2" not in flags and "avx512f" not in flags:
+        return Probe(name, True, f"not an x86 CPU with AVX2: {unjudged}", data={"flags": []})
+    return Probe(
+        name, False, reason=f"this CPU has none of {', '.join(wanted)}: {without}", data={"flags": []}
+    )
+
+
 def probe_int8(source: str | Path | None = None) -> Probe:
     """Whether this CPU runs OpenVINO int8 faster than f32: it has one of :data:`INT8_FLAGS`. On an x86
     CPU without them the reason says what int8 measured there; other architectures are not judged."""
-    flags, _ = _cpu(source)
-    have = [f for f in INT8_FLAGS if f in flags]
-    if have:
-        return Probe("int8", True, f"int8 accelerated ({', '.join(have)})", data={"flags": have})
-    if "avx2" not in flags and "avx512f" not in flags:
-        return Probe("int8", True, "not an x86 CPU with AVX2: int8 speed not judged", data={"flags": []})
-    return Probe(
+    return _by_flags(
         "int8",
-        False,
-        reason=f"this CPU has none of {', '.join(INT8_FLAGS)}: {INT8_WITHOUT_VNNI}; "
-        "build with --cpu-precision f32 for speed (bf16 needs avx512_bf16 or amx_bf16), or serve int8 on a CPU with VNNI or AMX",
-        data={"flags": []},
+        INT8_FLAGS,
+        source,
+        "int8 accelerated ({flags})",
+        "int8 speed not judged",
+        f"{INT8_WITHOUT_VNNI}; build with --cpu-precision f32 for speed (bf16 needs avx512_bf16 or "
+        "amx_bf16), or serve int8 on a CPU with VNNI or AMX",
     )
 
 
@@ -96,17 +109,13 @@ def probe_bf16(source: str | Path | None = None) -> Probe:
     """Whether ``--cpu-precision bf16`` runs bf16 here: the CPU has one of :data:`BF16_FLAGS` (OpenVINO's
     own test, :func:`veo_edge.runtime.backends.openvino.native_bf16`, agrees on x86). Elsewhere on x86 it
     runs f32, and says so; other architectures are not judged."""
-    flags, _ = _cpu(source)
-    have = [f for f in BF16_FLAGS if f in flags]
-    if have:
-        return Probe("bf16", True, f"bf16 native ({', '.join(have)}): {BF16_MEASURED}", data={"flags": have})
-    if "avx2" not in flags and "avx512f" not in flags:
-        return Probe("bf16", True, "not an x86 CPU with AVX2: bf16 not judged", data={"flags": []})
-    return Probe(
+    return _by_flags(
         "bf16",
-        False,
-        reason=f"this CPU has none of {', '.join(BF16_FLAGS)}: --cpu-precision bf16 runs f32 here",
-        data={"flags": []},
+        BF16_FLAGS,
+        source,
+        f"bf16 native ({{flags}}): {BF16_MEASURED}",
+        "bf16 not judged",
+        "--cpu-precision bf16 runs f32 here",
     )
 
 
