@@ -29,7 +29,13 @@ def test_every_section_is_planned_with_a_reason_when_it_cannot_run(cpu_only):
     r = _run("--list")
     assert r.returncode == 0, r.stderr
     lines = dict(line.split(None, 1) for line in r.stdout.splitlines())
-    assert set(lines) == {"kernels", "sanitizer", "pool", "tensorrt"}  # nothing runs: nothing to build
+    assert set(lines) == {
+        "kernels",
+        "sanitizer",
+        "pool",
+        "tensorrt",
+        "cudashm",
+    }  # nothing runs: nothing to build
     assert all(v.startswith("skipped: ") for v in lines.values())
     r = _run("--sections", "kernels")  # asked for, cannot run: exit 2, not a silent pass
     assert r.returncode == 2 and "== kernels: SKIPPED" in r.stdout

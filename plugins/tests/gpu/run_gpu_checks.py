@@ -27,10 +27,13 @@ Sections (``--sections``, default all):
   fragmentation, fence-wait and overflow stats.
 - ``tensorrt``: a vit-nano build, plugin and plain engines built, serialised, deserialised into the pool,
   compared and timed (the engine choice), batch 1..max, two execution contexts at once, parity.
+- ``cudashm``: ``veo-edge serve`` with inputs and outputs in CUDA memory another process exported
+  (tritonclient's ``utils.cuda_shared_memory``), HTTP and gRPC, against the same input sent inline; bad
+  regions are 400s; ``--model-dir`` serves a given build (default: a vit-nano build made here).
 
 Exit status 1 when any check fails, 2 when a section that was asked for cannot run here. This script
 plans the sections and runs them; each lives in its own module (``checks_kernels.py`` for kernels and
-sanitizer, ``checks_pool.py``, ``checks_tensorrt.py``), imported only when its section runs.
+sanitizer, ``checks_pool.py``, ``checks_tensorrt.py``, ``checks_cudashm.py``), imported only when its section runs.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # checks_kernels, checks_pool, checks_tensorrt
 
-SECTIONS = ("kernels", "sanitizer", "pool", "tensorrt")
+SECTIONS = ("kernels", "sanitizer", "pool", "tensorrt", "cudashm")
 
 
 def plan(sections: list[str], pool_backend: str) -> list[tuple[str, str | None]]:
@@ -66,6 +69,12 @@ def plan(sections: list[str], pool_backend: str) -> list[tuple[str, str | None]]
         importlib.import_module("tensorrt")
     except Exception as e:  # ImportError, or an OSError from a library it loads
         no_trt = f"tensorrt does not import ({type(e).__name__}: {e})"
+    no_cudashm = None
+    for mod in ("tritonclient.http", "tritonclient.grpc", "tritonclient.utils.cuda_shared_memory", "uvicorn"):
+        try:
+            importlib.import_module(mod)
+        except Exception as e:  # a missing client or server package, or cuda-python under tritonclient
+            no_cudashm = no_cudashm or f"{mod} does not import ({type(e).__name__}: {e})"
     tools = (
         None
         if shutil.which("nvcc") and shutil.which("cmake")
@@ -78,8 +87,19 @@ def plan(sections: list[str], pool_backend: str) -> list[tuple[str, str | None]]
         or (None if shutil.which("compute-sanitizer") else "compute-sanitizer is not on PATH"),
         "pool": None if pool_backend == "host" else torch_cuda,
         "tensorrt": torch_cuda or no_trt,
+        "cudashm": torch_cuda or no_cudashm,
     }
     return [(name, why[name]) for name in sections]
+
+
+def _nano(where: Path) -> Path:
+    """A vit-nano build for the cudashm section (needs veo-edge's export dependencies)."""
+    import subprocess
+
+    out = where / "gpu-checks-vit-nano"
+    subprocess.run([sys.executable, "-m", "veo_edge", "build", "--model", "vit-nano", "--out", str(out),
+                    "--force"], check=True, cwd=REPO)  # fmt: skip
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mempool-lib", type=Path, help="libveo_mempool.so (default: the one built here)")
     ap.add_argument(
         "--build-dir", type=Path, help="where the one native build goes (default: build/plugins-gpu)"
+    )
+    ap.add_argument(
+        "--model-dir", type=Path, help="the build cudashm serves (default: veo-edge build --model vit-nano)"
+    )
+    ap.add_argument(
+        "--sanitizer-timeout", type=float, default=240, help="seconds each compute-sanitizer tool may take"
+    )
+    ap.add_argument(
+        "--ops", default="attention,bias,patch", help="kernels section: of attention, bias, patch"
     )
     ap.add_argument("--list", action="store_true", help="print what would run here, and why not the rest")
     args = ap.parse_args(argv)
@@ -148,11 +177,11 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  lib {lib_path}")
-            ok &= checks_kernels.run(torch, lib_path, args.quick, args.tiny)
+            ok &= checks_kernels.run(torch, lib_path, args.quick, args.tiny, tuple(args.ops.split(",")))
         elif name == "sanitizer":
             import checks_kernels
 
-            ok &= checks_kernels.run_sanitizer(Path(__file__), lib_path)
+            ok &= checks_kernels.run_sanitizer(Path(__file__), lib_path, args.sanitizer_timeout)
         elif name == "pool":
             import checks_pool
 
@@ -168,6 +197,15 @@ def main(argv: list[str] | None = None) -> int:
             passed, lines = checks_tensorrt.run(reps=10 if args.quick else 20)
             print("\n".join(lines))
             print(f"tensorrt: {'PASS' if passed else 'FAIL'}")
+            ok &= passed
+        elif name == "cudashm":
+            import checks_cudashm
+
+            logs = args.build_dir.parent if args.build_dir else REPO / "build"
+            logs.mkdir(parents=True, exist_ok=True)
+            passed, lines = checks_cudashm.run(args.model_dir or _nano(logs), logs)
+            print("\n".join(lines))
+            print(f"cudashm: {'PASS' if passed else 'FAIL'}")
             ok &= passed
     print(f"done in {time.time() - t0:.0f}s: {'all passed' if ok else 'FAILURES'}"
           + (f"; skipped: {', '.join(skipped)}" if skipped else ""))  # fmt: skip
