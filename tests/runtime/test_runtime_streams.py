@@ -1,0 +1,141 @@
+"""The Runtime on OpenVINO's streams: THROUGHPUT batches in parallel, and ADAPTIVE's choice of compile (a
+lone sample on the batch-1 LATENCY compile, a lone batch split across the streams, overlapping batches on
+the streams), each with the same answers as the reference under concurrent callers."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import veo_edge
+from tests.support.answers import reference, seeded, tolerance
+from veo_edge.builddir import BuildDir
+from veo_edge.errors import UsageError
+
+
+def test_throughput_streams_serve_batches_in_parallel_with_the_same_answers(nano_build: Path) -> None:
+    x = seeded(96, (3, 32, 32), seed=3)
+    want = reference(nano_build, x)
+    with veo_edge.Runtime(nano_build, backend="openvino", performance_hint="THROUGHPUT") as rt:
+        described = rt.describe()
+        assert described["performance_hint"] == "THROUGHPUT" and described["precision"] == "f32"
+        slots = described["infer_requests_in_flight"]
+        assert slots >= 1 and rt._batcher.slots == slots  # one batcher slot per OpenVINO infer request
+        got: dict[int, np.ndarray] = {}
+
+        def caller(t: int) -> None:
+            futs = {i: rt.submit(x[i]) for i in range(t, 96, 6)}
+            got.update({i: f.result(timeout=60) for i, f in futs.items()})
+
+        threads = [threading.Thread(target=caller, args=(t,)) for t in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats = rt.stats()
+    assert sorted(got) == list(range(96))
+    assert max(float(np.abs(got[i] - want[i]).max()) for i in range(96)) <= tolerance(nano_build)
+    assert sum(k * v for k, v in stats["batch_size_counts"].items()) == 96 == stats["requests_success"]
+
+
+def test_adaptive_runs_a_lone_batch_on_the_latency_compile_and_overlapping_ones_on_streams(
+    nano_build: Path,
+) -> None:
+    """ADAPTIVE: one client back to back never overlaps itself, so every batch runs on the LATENCY
+    compile; a batch that starts while another runs takes a THROUGHPUT stream: a sample the batch-1
+    streams compile, a larger batch the dynamic one. Same answers on all three."""
+    from veo_edge.runtime.backends.openvino import OpenVinoRunner
+
+    build = BuildDir.open(nano_build)
+    x = seeded(24, (3, 32, 32), seed=5)
+    want = reference(nano_build, x)
+    runner = OpenVinoRunner(build.artifact("openvino_xml"), max_batch=8, precision="f32", hint="ADAPTIVE")
+    with runner:
+        described = runner.describe()
+        assert described["performance_hint"] == "ADAPTIVE" and described["precision"] == "f32"
+        if runner.concurrency == 1:
+            pytest.skip("one OpenVINO stream on this machine: ADAPTIVE is LATENCY alone")
+        # two batches per stream in flight: one computing, one queued behind it
+        assert described["infer_requests_in_flight"] == 2 * described["streams"]
+        lone = np.concatenate([runner.infer(x[i : i + 1])["logits"] for i in range(12)])
+        assert runner.runs == {"latency": 12, "streams_b1": 0, "streams": 0}
+        # another batch in flight (the runner's own count, as a concurrent caller leaves it): streams
+        runner._in_flight += 1
+        try:
+            overlapped = np.concatenate([runner.infer(x[i : i + 1])["logits"] for i in range(12, 18)])
+            overlapped_b3 = np.concatenate([runner.infer(x[i : i + 3])["logits"] for i in (18, 21)])
+        finally:
+            runner._in_flight -= 1
+        assert runner.runs == {"latency": 12, "streams_b1": 6, "streams": 2}
+        assert runner.describe()["adaptive_runs"] == {"latency": 12, "streams_b1": 6, "streams": 2}
+        shape = runner._single.inputs[0].get_partial_shape()
+        assert shape.is_static and shape[0].get_length() == 1
+        assert runner._compiled.inputs[0].get_partial_shape()[0].is_dynamic
+    got = np.concatenate([lone, overlapped, overlapped_b3])
+    assert float(np.abs(got - want).max()) <= tolerance(nano_build)
+
+
+def test_adaptive_runs_a_lone_sample_at_a_fixed_batch_of_one_and_splits_a_lone_batch_across_streams(
+    nano_build: Path,
+) -> None:
+    """ADAPTIVE's LATENCY compile has its batch axis fixed at 1 (a static shape runs faster); a larger
+    batch that runs alone is split across the streams, one part each, and answers as a whole batch."""
+    from veo_edge.runtime.backends.openvino import OpenVinoRunner
+
+    build = BuildDir.open(nano_build)
+    x = seeded(8, (3, 32, 32), seed=9)
+    want = reference(nano_build, x)
+    runner = OpenVinoRunner(build.artifact("openvino_xml"), max_batch=8, precision="f32", hint="ADAPTIVE")
+    with runner:
+        assert runner.describe()["inference_precision_hint"] == "f32"
+        if runner.concurrency == 1:
+            pytest.skip("one OpenVINO stream on this machine: ADAPTIVE is LATENCY alone")
+        shape = runner._latency.inputs[0].get_partial_shape()
+        assert shape.is_static and shape[0].get_length() == 1
+        before = runner.requests_created
+        whole = {b: runner.infer(x[:b])["logits"] for b in (1, 3, 8)}
+        assert runner.runs == {"latency": 1, "streams_b1": 0, "streams": 2}  # b3, b8 alone, on the streams
+        # b1 on the batch-1 compile; b3 as parts of 1 and 2, b8 as two of 4 at once: a request per part
+        assert runner.requests_created - before == 1 + 2 + 2
+        assert sorted(k for k, idle in runner._requests.items() if idle) == [
+            ("latency", 1), ("streams", 1), ("streams", 2), ("streams", 4)
+        ]  # fmt: skip
+    for b, got in whole.items():
+        assert got.shape == (b, *want.shape[1:])
+        assert float(np.abs(got - want[:b]).max()) <= tolerance(nano_build)
+
+
+def test_adaptive_serves_concurrent_callers_with_the_same_answers(nano_build: Path) -> None:
+    x = seeded(64, (3, 32, 32), seed=6)
+    want = reference(nano_build, x)
+    with veo_edge.Runtime(nano_build, backend="openvino", performance_hint="ADAPTIVE") as rt:
+        slots = rt.describe()["infer_requests_in_flight"]
+        assert rt._batcher.slots == slots
+        got: dict[int, np.ndarray] = {}
+
+        def caller(t: int) -> None:
+            for i in range(t, 64, 4):  # closed loop: the next sample once the last is answered
+                got[i] = rt.submit(x[i]).result(timeout=60)
+
+        threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats, runs = rt.stats(), rt.describe().get("adaptive_runs")
+    assert sorted(got) == list(range(64))
+    assert max(float(np.abs(got[i] - want[i]).max()) for i in range(64)) <= tolerance(nano_build)
+    assert stats["requests_success"] == 64
+    if runs is not None:  # more than one stream: every batch ran on one of the three compiles
+        assert sum(runs.values()) == stats["batches"]
+        assert runs["streams_b1"] > 0  # samples ran beside each other on the batch-1 streams compile
+
+
+def test_unknown_performance_hint_is_refused(nano_build: Path) -> None:
+    with pytest.raises(
+        UsageError, match="unknown performance hint 'FAST'; choose one of: LATENCY, THROUGHPUT, ADAPTIVE"
+    ):
+        veo_edge.Runtime(nano_build, performance_hint="FAST")
