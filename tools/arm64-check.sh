@@ -28,11 +28,25 @@ command -v debootstrap >/dev/null || need+=(debootstrap)
 if (( ${#need[@]} )); then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+reg=/proc/sys/fs/binfmt_misc/qemu-aarch64
+# what this run turns on, it turns off again at exit (VEO_EDGE_KEEP_BINFMT=1 leaves it on): a check is
+# not a reason to leave every arm64 binary on this machine running under QEMU from then on
+mounted_here=0 enabled_here=0
 if [[ ! -e /proc/sys/fs/binfmt_misc/status ]]; then
   mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+  mounted_here=1
 fi
+grep -qs '^enabled' "$reg" || enabled_here=1
+restore_binfmt() {
+  [[ ${VEO_EDGE_KEEP_BINFMT:-0} == 1 ]] && return
+  if (( enabled_here )); then
+    update-binfmts --disable qemu-aarch64 >/dev/null 2>&1 || true
+    echo "qemu-aarch64: disabled again (VEO_EDGE_KEEP_BINFMT=1 keeps it)"
+  fi
+  if (( mounted_here )); then umount /proc/sys/fs/binfmt_misc 2>/dev/null || true; fi
+}
+trap restore_binfmt EXIT
 update-binfmts --enable qemu-aarch64 2>/dev/null || true
-reg=/proc/sys/fs/binfmt_misc/qemu-aarch64
 if [[ ! -e $reg ]] || ! grep -q '^enabled' "$reg" || ! grep -q '^flags:.*F' "$reg"; then
   echo "error: qemu-aarch64 is not registered with binfmt_misc with flag F ($reg): containers cannot run arm64" >&2
   exit 1
