@@ -113,3 +113,15 @@ def test_a_clip_as_frames_and_as_a_video_file_gives_the_models_answer(hf_video, 
     assert list(got) == [model.config.id2label[int(i)] for i in np.argsort(-want)]
     labels = list(model.config.id2label.values())
     np.testing.assert_allclose([got[k] for k in labels], want, atol=1e-4)
+
+
+def test_build_suggests_the_input_the_preprocessing_takes(hf_digits, hf_video, nano_build, capsys):
+    """The build's "Next:" line: a picture for an image checkpoint, a clip for a video one, nothing for a
+    build without preprocessing (infer runs its canary sample); each suggestion is what infer then takes."""
+    from veo_edge.builddir import BuildDir
+    from veo_edge.cli.build import _example_input
+
+    hints = [_example_input(BuildDir.open(b).manifest) for b in (hf_digits, hf_video, nano_build)]
+    assert hints == [" --image PICTURE.jpg", " --video CLIP.mp4", ""]
+    code, _, err = _infer(capsys, hf_video, "--image", "x.jpg")
+    assert code == 2 and "pass --video" in err  # the other kind is refused: the hint is the one that fits

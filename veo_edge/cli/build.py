@@ -191,7 +191,16 @@ def build(
             c.print(f"  {line}", soft_wrap=True, markup=False)
     for kind in arts:
         c.print(f"  {kind:<16} {result.path / arts[kind]['path']}")
-    c.print(f"Next: [bold]veo-edge infer {result.path}[/]")
+    c.print(f"Next: [bold]veo-edge infer {result.path}{_example_input(result.manifest)}[/]")
+
+
+def _example_input(manifest: dict) -> str:
+    """What to feed ``infer`` first: a picture or a clip where the build records its preprocessing
+    (its canary sample otherwise, which needs no argument)."""
+    prep = manifest.get("preprocess")
+    if not prep:
+        return ""
+    return " --video CLIP.mp4" if prep.get("num_frames") else " --image PICTURE.jpg"
 
 
 def register(app: typer.Typer) -> None:
