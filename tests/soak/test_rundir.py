@@ -115,3 +115,27 @@ def test_unreachable_server_leaves_no_run_dir(capsys, tmp_path: Path):
     )
     assert code == 2 and "cannot reach the server at" in out and "start it with `veo-edge serve`" in out
     assert not (tmp_path / "r").exists()
+    assert "warning: --duration 5.0s leaves 4.5s after the 0.5s warm-up" in out  # said before the run
+
+
+def test_a_run_too_short_for_a_verdict_is_said_with_the_least_that_works():
+    u = "http://127.0.0.1:1"
+    short = SoakConfig(duration_s=5, url=u).too_short()
+    assert "a whole 5.0s window and the leak fit 8 samples at 1.0s" in short and "with at least 9.0s" in short
+    assert SoakConfig(duration_s=9, url=u).too_short() is None  # 8.1 s after 0.9 s: 8 samples, a window
+    assert SoakConfig(duration_s=8.8, url=u).too_short() is not None
+    assert "with at least 1m06s" in SoakConfig(duration_s=60, url=u, warmup_s=58).too_short()
+    assert SoakConfig(duration_s=3, url=u, window_s=1, sample_s=0.2).too_short() is None
+    assert SoakConfig(duration_s=72 * 3600, url=u).too_short() is None
+
+
+def test_the_progress_line_says_dash_until_the_first_window(capsys):
+    from veo_edge.soak.live import Progress
+
+    with Progress(60, "t") as p:  # not a terminal here: plain lines on stderr
+        p.update(1.0, {"errors": 0, "rss": 100 << 20})
+        p._last_line = 0.0
+        p.update(12.0, {"rate": 41.5, "p50_ms": 1.234, "p99_ms": float("nan"), "errors": 0, "rss": 100 << 20})
+    first, later = capsys.readouterr().err.splitlines()
+    assert "soak 1.0s/1m00s: - req/s, p50 -, p99 -, errors 0" in first
+    assert "41.5 req/s, p50 1.23 ms, p99 -," in later

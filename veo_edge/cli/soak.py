@@ -184,6 +184,9 @@ def run(
         from veo_edge.builddir import BuildDir
 
         BuildDir.open(build_dir)  # a clear error before the run directory is made
+    short = config.too_short()
+    if short:  # a smoke run may want only errors and fallbacks: said up front, not refused
+        console(stderr=True).print(f"warning: {short}", markup=False, soft_wrap=True)
     run_dir = out or Path(time.strftime("soak-%Y%m%d-%H%M%S"))
     soak_run.start(config, run_dir, live=live)
     _finish(run_dir, None, as_json)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -101,6 +102,28 @@ class SoakConfig:
     @property
     def warmup(self) -> float:
         return self.warmup_s if self.warmup_s is not None else min(0.1 * self.duration_s, 600.0)
+
+    def too_short(self) -> str | None:
+        """Why this duration cannot give a verdict that passes, or None: after the warm-up the jitter needs
+        one whole ``--window`` and the leak fit ``MIN_FIT_SAMPLES`` resource samples."""
+        from veo_edge.soak.fits import MIN_FIT_SAMPLES
+        from veo_edge.soak.units import format_duration as fmt
+
+        left = self.duration_s - self.warmup
+        need = max(self.window_s, MIN_FIT_SAMPLES * self.sample_s)
+        if left >= need:
+            return None
+        if self.warmup_s is not None:
+            least = need + self.warmup_s
+        else:  # the default warm-up is 10 % of the run, at most 10 minutes
+            least = need / 0.9 if need / 0.9 <= 6000 else need + 600
+        least = float(math.ceil(least))
+        return (
+            f"--duration {fmt(self.duration_s)} leaves {fmt(max(left, 0.0))} after the {fmt(self.warmup)} "
+            f"warm-up, but the jitter needs a whole {fmt(self.window_s)} window and the leak fit "
+            f"{MIN_FIT_SAMPLES} samples at {fmt(self.sample_s)}: the verdict will fail; give every check a value with at least "
+            f"{fmt(least)}, or shorten --window, --sample-interval or --warmup"
+        )
 
     @property
     def mode(self) -> str:

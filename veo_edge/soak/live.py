@@ -13,6 +13,15 @@ def _mib(v: float | None) -> str:
     return "-" if v is None else f"{v / (1 << 20):.1f} MiB"
 
 
+def _ms(v: float | None) -> str:
+    """A latency for the progress line; "-" before the first answer (no window yet, or NaN)."""
+    return "-" if v is None or v != v else f"{v:.2f} ms"
+
+
+def _rate(v: float | None) -> str:
+    return "- req/s" if v is None else f"{v:.1f} req/s"
+
+
 class Progress:
     def __init__(self, duration_s: float, title: str, enabled: bool = True) -> None:
         from rich.console import Console
@@ -50,10 +59,10 @@ class Progress:
             table = Table(title=self.title, show_header=False, box=None)
             remaining = max(0.0, self.duration_s - t)
             table.add_row("elapsed / remaining", f"{format_duration(t)} / {format_duration(remaining)}")
-            table.add_row("rate", f"{s.get('rate', 0):.1f} req/s  ({s.get('ok', 0)} answered)")
+            table.add_row("rate", f"{_rate(s.get('rate'))}  ({s.get('ok', 0)} answered)")
             table.add_row(
                 "latency p50 / p99",
-                f"{s.get('p50_ms', float('nan')):.2f} / {s.get('p99_ms', float('nan')):.2f} ms",
+                f"{_ms(s.get('p50_ms'))} / {_ms(s.get('p99_ms'))}",
             )
             table.add_row("errors / fallbacks", f"{s.get('errors', 0)} / {s.get('fallbacks') or 0}")
             table.add_row("memory (trend)", f"{_mib(rss)} ({'+' if (trend or 0) >= 0 else ''}{_mib(trend)})")
@@ -65,8 +74,8 @@ class Progress:
         if now - self._last_line >= self._every:
             self._last_line = now
             print(
-                f"soak {format_duration(t)}/{format_duration(self.duration_s)}: {s.get('rate', 0):.1f} req/s, "
-                f"p50 {s.get('p50_ms', float('nan')):.2f} ms, p99 {s.get('p99_ms', float('nan')):.2f} ms, "
+                f"soak {format_duration(t)}/{format_duration(self.duration_s)}: {_rate(s.get('rate'))}, "
+                f"p50 {_ms(s.get('p50_ms'))}, p99 {_ms(s.get('p99_ms'))}, "
                 f"errors {s.get('errors', 0)}, fallbacks {s.get('fallbacks') or 0}, rss {_mib(rss)}",
                 file=sys.stderr,
                 flush=True,
