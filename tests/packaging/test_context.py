@@ -160,6 +160,10 @@ def test_no_engine_is_one_line_naming_docker_host(tmp_path: Path) -> None:
     r = _veo("image", "build", "/nonexistent", "--target", "cpu", env={"DOCKER_HOST": sock})
     assert r.returncode == EngineUnreachableError.exit_code, r.stderr
     assert "DOCKER_HOST" in r.stderr and "--context-only" in r.stderr and "Traceback" not in r.stderr
+    out = tmp_path / "never"  # build --target: the engine is asked before the export, not after it
+    r = _veo("build", "--model", "vit-nano", "--target", "cpu", "--out", str(out), env={"DOCKER_HOST": sock})
+    assert r.returncode == EngineUnreachableError.exit_code and "--context-only" in r.stderr, r.stderr
+    assert not out.exists() and "Exporting" not in r.stderr
 
 
 def test_build_image_flags_need_a_target_and_a_bad_target_fails_before_the_export() -> None:

@@ -116,6 +116,10 @@ def build(
         from veo_edge.targets import get_target
 
         for_platform(get_target(target), platform)  # an unknown target or platform fails before the export
+        if not context_only:
+            from veo_edge.packaging.image import connect
+
+            connect(timeout=30).close()  # no Docker engine: one line now, not after minutes of export
     shape = parse_input_shape(input_shape)
     if module is not None:
         source = ModuleSource(module, input_shape=shape, checkpoint=checkpoint)
