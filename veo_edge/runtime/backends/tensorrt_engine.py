@@ -42,9 +42,9 @@ _LOADED_PLUGIN_LIBRARIES: dict[str, Any] = {}
 
 def import_error_message(e: BaseException) -> str:
     return (
-        f"TensorRT is not importable ({type(e).__name__}: {e}); run this on a GPU host with TensorRT 10.x/11.x "
-        "(pip install tensorrt, or use the veo-edge GPU container), or serve on the CPU: "
-        "veo-edge infer BUILD_DIR --backend openvino"
+        f"TensorRT is not importable ({type(e).__name__}: {e}); TensorRT engines need a GPU host with "
+        "TensorRT 10.x/11.x (pip install tensorrt, or the veo-edge GPU container); the CPU backends need "
+        "neither (--backend openvino or onnxruntime)"
     )
 
 
