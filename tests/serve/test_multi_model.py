@@ -98,8 +98,16 @@ def test_a_repository_folder_serves_each_build_under_its_folder_name(
         assert 'nv_inference_count{model="cats",version="1"}' in r.read().decode()
 
 
-def test_find_models_rules(nano_build: Path, video_nano_build: Path, tmp_path: Path) -> None:
+def test_find_models_rules(nano_build: Path, video_nano_build: Path, tmp_path: Path, caplog) -> None:
     assert [e.name for e in find_models([nano_build, video_nano_build])] == ["vit-nano", "veo-video-nano"]
+    repo = tmp_path / "repo"  # a repository with a build, a half-copied one, a hidden folder and a file
+    (repo / "copying" / "openvino").mkdir(parents=True)
+    (repo / ".cache").mkdir()
+    (repo / "README.txt").write_text("models")
+    (repo / "mine").symlink_to(nano_build)
+    assert [e.name for e in find_models([repo])] == ["mine"]
+    assert "model repository" in caplog.text and "not serving copying/ (no manifest.json" in caplog.text
+    assert ".cache" not in caplog.text
     assert [e.name for e in find_models([nano_build], "mine")] == ["mine"]
     (tmp_path / "empty").mkdir()
     with pytest.raises(

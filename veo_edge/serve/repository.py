@@ -10,6 +10,7 @@ is ready; statistics of all models; one metrics registry).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Any
 from veo_edge.builddir import MANIFEST_NAME, BuildDir
 from veo_edge.errors import BuildDirError, UsageError
 from veo_edge.serve.protocol import ProtocolError
+
+log = logging.getLogger("veo_edge.serve")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,12 @@ def find_models(paths: Sequence[str | Path], model_name: str | None = None) -> l
                 "its subfolders has one); pass directories made by `veo-edge build`, or a folder of them"
             )
         entries.extend(ModelEntry(p.name, BuildDir.open(p)) for p in subs)
+        others = sorted(p.name for p in path.iterdir() if p.is_dir() and p not in subs and p.name[0] != ".")
+        if others:  # an interrupted copy or a misnamed build would otherwise vanish without a word
+            log.warning(
+                "model repository %s: not serving %s (no %s: not a veo-edge build)",
+                path, ", ".join(f"{n}/" for n in others), MANIFEST_NAME,
+            )  # fmt: skip
     if model_name is not None:
         if len(entries) != 1:
             raise UsageError(
