@@ -25,6 +25,7 @@ def test_auto_reports_the_backend_and_every_skip(nano_build, cpu_only):
     text = veo("infer", nano_build)
     assert text.returncode == 0 and "on openvino" in text.stdout
     assert "skipped tensorrt: no usable NVIDIA GPU" in text.stdout
+    assert "random sample 0 (seed 0): " in text.stdout  # no input given: the answer is to random data
 
 
 def test_no_fallback_is_an_error_with_the_reason(nano_build, cpu_only):

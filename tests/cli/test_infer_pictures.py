@@ -117,7 +117,7 @@ def test_a_clip_as_frames_and_as_a_video_file_gives_the_models_answer(hf_video, 
 
 def test_build_suggests_the_input_the_preprocessing_takes(hf_digits, hf_video, nano_build, capsys):
     """The build's "Next:" line: a picture for an image checkpoint, a clip for a video one, nothing for a
-    build without preprocessing (infer runs its canary sample); each suggestion is what infer then takes."""
+    build without preprocessing (infer runs seeded random input); each suggestion is what infer takes."""
     from veo_edge.builddir import BuildDir
     from veo_edge.cli.build import _example_input
 

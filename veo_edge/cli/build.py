@@ -200,7 +200,7 @@ def build(
 
 def _example_input(manifest: dict) -> str:
     """What to feed ``infer`` first: a picture or a clip where the build records its preprocessing
-    (its canary sample otherwise, which needs no argument)."""
+    (otherwise nothing: infer then runs seeded random input of the model's shape)."""
     prep = manifest.get("preprocess")
     if not prep:
         return ""

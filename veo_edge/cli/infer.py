@@ -144,7 +144,12 @@ def infer(
     for sw in state.switches:
         c.print(f"  switched {sw['from']} -> {sw['to']}: {sw['reason']}", soft_wrap=True)
     for i, row in enumerate(result["top_k"][:8]):
-        name = str(image[i]) if image and i < len(image) else f"sample {i}"
+        if image and i < len(image):
+            name = str(image[i])
+        elif input_file is None and video is None:  # no input given: say the answer is to random data
+            name = f"random sample {i} (seed {seed})"
+        else:
+            name = f"sample {i}"
         c.print(
             f"  {name}: " + ", ".join(f"{t.get('label', t['class'])} (logit {t['logit']:.3f})" for t in row),
             markup=False,
