@@ -4,6 +4,7 @@ it parses and imports, says what it would skip and why, and its pool storm runs 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import subprocess
 import sys
 
@@ -119,3 +120,22 @@ def test_the_kernels_section_imports_without_a_gpu(monkeypatch):
     checks_kernels = importlib.import_module("checks_kernels")
     assert callable(checks_kernels.run) and callable(checks_kernels.run_sanitizer)
     assert len(list(checks_kernels.attention_cases(quick=True, tiny=True))) == 2
+
+
+def test_cudashm_without_a_build_or_the_means_to_make_one_is_planned_out(monkeypatch, tmp_path):
+    """As on the lent H200 (CUDA, no OpenVINO): without --model-dir the section is skipped with the way
+    out, not started and crashed in its `veo-edge build`; with one, that reason is gone."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(GPU_DIR))
+    run_gpu_checks = importlib.import_module("run_gpu_checks")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the planner's view of a GPU host
+    monkeypatch.setitem(sys.modules, "openvino", None)  # not importable, as there
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "openvino" else real_find_spec(n, *a)
+    )
+    ((_, why),) = run_gpu_checks.plan(["cudashm"], "cuda")
+    assert why is not None and "pass --model-dir with a build made elsewhere" in why
+    ((_, why),) = run_gpu_checks.plan(["cudashm"], "cuda", tmp_path)
+    assert why is None or "--model-dir" not in why  # then only the client packages can be missing

@@ -50,7 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # checks_kernels, chec
 SECTIONS = ("kernels", "sanitizer", "pool", "tensorrt", "cudashm")
 
 
-def plan(sections: list[str], pool_backend: str) -> list[tuple[str, str | None]]:
+def plan(
+    sections: list[str], pool_backend: str, model_dir: Path | None = None
+) -> list[tuple[str, str | None]]:
     """(section, why it cannot run here or None) for each section asked for; no GPU is touched."""
     import importlib
     import importlib.util
@@ -70,6 +72,11 @@ def plan(sections: list[str], pool_backend: str) -> list[tuple[str, str | None]]
     except Exception as e:  # ImportError, or an OSError from a library it loads
         no_trt = f"tensorrt does not import ({type(e).__name__}: {e})"
     no_cudashm = None
+    if model_dir is None and not has("openvino"):  # the vit-nano build it would make needs OpenVINO
+        no_cudashm = (
+            "no --model-dir, and OpenVINO, which `veo-edge build` needs to make one, is not installed: "
+            "pass --model-dir with a build made elsewhere (veo-edge build --model vit-nano)"
+        )
     for mod in ("tritonclient.http", "tritonclient.grpc", "tritonclient.utils.cuda_shared_memory", "uvicorn"):
         try:
             importlib.import_module(mod)
@@ -132,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
         ap.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
-    todo = plan(sections, args.pool_backend)
+    todo = plan(sections, args.pool_backend, args.model_dir)
     runs = {name for name, why in todo if why is None}
     # the build is needed by whatever runs and was not given its library
     need_build = bool(
