@@ -73,18 +73,19 @@ def _round_trip(protocol: str, urls: dict, model: str, meta: dict, lines: list[s
     shape = [2] + [int(d) for d in inp_meta["shape"][1:]]
     x = np.random.default_rng(7 if protocol == "http" else 8).standard_normal(shape).astype(np.float32)
 
-    def infer(region: str | None, size: int = 0, offset: int = 0, out_region: str | None = None):
+    def infer(region: str | None, size: int = 0, offset: int = 0, out: tuple[str, int] | None = None):
+        """One request: the input inline (``region`` None) or in a region; the output inline, or in the
+        region ``out`` names (name, byte size)."""
         i = mod.InferInput(inp_meta["name"], shape, "FP32")
         if region is None:
             i.set_data_from_numpy(x)
         else:
             i.set_shared_memory(region, size, offset=offset)
         o = mod.InferRequestedOutput(out_meta["name"])
-        if out_region is not None:
-            o.set_shared_memory(out_region, want.nbytes)
+        if out is not None:
+            o.set_shared_memory(*out)
         return c.infer(model, [i], outputs=[o])
 
-    want = None
     want = infer(None).as_numpy(out_meta["name"])
     hin = cudashm.create_shared_memory_region(f"in-{protocol}", x.nbytes, 0)
     hout = cudashm.create_shared_memory_region(f"out-{protocol}", want.nbytes, 0)
@@ -97,7 +98,7 @@ def _round_trip(protocol: str, urls: dict, model: str, meta: dict, lines: list[s
         status = c.get_cuda_shared_memory_status()
         names = {r["name"] for r in status} if protocol == "http" else set(status.regions)
         listed = {f"in-{protocol}", f"out-{protocol}"} <= names
-        infer(f"in-{protocol}", x.nbytes, out_region=f"out-{protocol}")
+        infer(f"in-{protocol}", x.nbytes, out=(f"out-{protocol}", want.nbytes))
         got = cudashm.get_contents_as_numpy(hout, np.float32, list(want.shape))
         diff = float(np.abs(got - want).max())
         equal = bool(np.isfinite(got).all()) and diff <= 1e-5 * max(1.0, float(np.abs(want).max()))
@@ -111,7 +112,7 @@ def _round_trip(protocol: str, urls: dict, model: str, meta: dict, lines: list[s
         again = infer(f"in-{protocol}", x.nbytes).as_numpy(out_meta["name"])  # still works after them
         still = again is not None and float(np.abs(again - want).max()) <= 1e-5 * max(1.0, np.abs(want).max())
         t_inline = _p50(lambda: infer(None))
-        t_shm = _p50(lambda: infer(f"in-{protocol}", x.nbytes, out_region=f"out-{protocol}"))
+        t_shm = _p50(lambda: infer(f"in-{protocol}", x.nbytes, out=(f"out-{protocol}", want.nbytes)))
         c.unregister_cuda_shared_memory()
         status = c.get_cuda_shared_memory_status()
         released = (status if protocol == "http" else list(status.regions)) == []
