@@ -39,6 +39,9 @@ def test_bad_backend_and_budget_are_usage_errors(nano_build):
     assert r.returncode == 2 and "unknown backend 'cuda'; choose one of: auto, tensorrt" in r.stderr
     r = veo("infer", nano_build, "--gpu-memory-budget", "lots")
     assert r.returncode == 2 and "GPU memory budget 'lots' is not a size" in r.stderr
+    for flag in ("--top-k", "--batch"):  # 0 printed empty rows (--top-k) or failed on a (0, ...) shape
+        r = veo("infer", nano_build, flag, "0")
+        assert r.returncode == 2 and f"Invalid value for '{flag}'" in r.stderr, r.stderr
 
 
 def test_an_injected_fault_on_a_forced_backend_is_an_error(nano_build):

@@ -66,7 +66,9 @@ def infer(
     video: Path = typer.Option(
         None, "--video", help="A clip for a video build: a video file (PyAV) or a folder of frames."
     ),
-    batch: int = typer.Option(1, "--batch", help="Batch size of the seeded random input (without --input)."),
+    batch: int = typer.Option(
+        1, "--batch", min=1, help="Batch size of the seeded random input (without --input)."
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of the random input."),
     backend: str = typer.Option(
         "auto",
@@ -81,7 +83,7 @@ def infer(
         None, "--gpu-memory-budget", help="Most GPU memory a GPU backend may need, e.g. 2G or 512MiB."
     ),
     gpu: int = typer.Option(0, "--gpu", min=0, help="CUDA device index of the GPU backends."),
-    top_k: int = typer.Option(5, "--top-k", help="Classes to show per sample."),
+    top_k: int = typer.Option(5, "--top-k", min=1, help="Classes to show per sample."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Run an input through a build on the best backend here; print the top classes and skip reasons."""
