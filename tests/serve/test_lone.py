@@ -11,6 +11,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from veo_edge.serve.alone import LoneRequests
 from veo_edge.serve.protocol import encode_infer_request
@@ -129,15 +130,24 @@ def test_one_slow_request_does_not_turn_it_off(caplog):
     assert began is not None and overlapping is None
 
 
-def test_a_negative_bound_is_refused_in_one_line(nano_build, tmp_path):
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--lone-max-ms", "-1", "--lone-max-ms -1.0 must be 0 (never) or more"),
+        ("--max-queue", "0", "--max-queue 0 must be at least 1"),  # was the runtime's Python names
+        ("--max-queue-delay-ms", "-1", "--max-queue-delay-ms -1.0 must be 0 (no batching window) or more"),
+    ],
+)
+def test_a_bad_bound_is_refused_in_one_line_by_its_flag(nano_build, tmp_path, flag, value, message):
     import subprocess
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "veo_edge.cli.main", "serve", str(nano_build), "--lone-max-ms", "-1"],
+        [sys.executable, "-m", "veo_edge.cli.main", "serve", str(nano_build), flag, value],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         timeout=120,
     )
-    assert done.returncode == 2 and "--lone-max-ms -1.0 must be 0 (never) or more" in done.stderr
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

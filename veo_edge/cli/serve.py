@@ -129,6 +129,10 @@ def serve(
         raise UsageError(f"--read-timeout {read_timeout} must be positive")
     if lone_max_ms < 0:
         raise UsageError(f"--lone-max-ms {lone_max_ms} must be 0 (never) or more")
+    if max_queue < 1:  # the runtime checks these too, under its own (Python) names
+        raise UsageError(f"--max-queue {max_queue} must be at least 1 (samples queued before a 503)")
+    if max_queue_delay_ms < 0:
+        raise UsageError(f"--max-queue-delay-ms {max_queue_delay_ms} must be 0 (no batching window) or more")
     recover_s = (
         None
         if recover_interval.strip().lower() == "off"
