@@ -72,6 +72,11 @@ def test_doctor_table_and_json_agree_on_this_machine():
         (["build", "--max-batch", "0", "--model", "vit-nano"], 2, "--max-batch 0 is out of range"),
         (["build", "--input-shape", "3,a", "--module", "a:b"], 2, "is not a list of positive integers"),
         (["infer", "nowhere"], 7, "build directory nowhere does not exist"),
+        (
+            ["serve", "nowhere", "--threads", "-2"],
+            2,
+            "Invalid value for '--threads'",
+        ),  # was an internal error
     ],
 )
 def test_bad_input_is_one_line_and_an_exit_code(tmp_path, args, code, message):

@@ -139,3 +139,13 @@ def test_unknown_performance_hint_is_refused(nano_build: Path) -> None:
         UsageError, match="unknown performance hint 'FAST'; choose one of: LATENCY, THROUGHPUT, ADAPTIVE"
     ):
         veo_edge.Runtime(nano_build, performance_hint="FAST")
+
+
+def test_a_negative_thread_count_is_refused_before_openvino_sees_it(nano_build: Path) -> None:
+    """OpenVINO answered -2 with an internal check failure ('val_i >= 0'), which serve printed as an
+    internal error; 0 stays the backend's own choice."""
+    for bad in (-2, 1.5, True):
+        with pytest.raises(UsageError, match=r"threads must be a count >= 0 \(0 or None: the backend's\)"):
+            veo_edge.Runtime(nano_build, threads=bad)
+    with veo_edge.Runtime(nano_build, backend="openvino", threads=0) as rt:
+        assert rt.infer(np.zeros((1, 3, 32, 32), np.float32)).shape == (1, 10)

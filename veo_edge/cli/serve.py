@@ -46,7 +46,9 @@ def serve(
         30.0, "--read-timeout", help="Seconds a request may take to arrive whole (408 after)."
     ),
     drain_timeout: float = typer.Option(30.0, "--drain-timeout", help="Seconds SIGTERM waits for requests."),
-    threads: int = typer.Option(None, "--threads", help="CPU backend threads (default: the backend's)."),
+    threads: int = typer.Option(
+        None, "--threads", min=0, help="CPU backend threads (default, or 0: the backend's)."
+    ),
     grpc_port: int = typer.Option(
         8001, "--grpc-port", help="KServe v2 gRPC port (0: any free port; -1: off)."
     ),

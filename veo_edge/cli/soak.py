@@ -109,7 +109,7 @@ def run(
         "warm-up failed, this often (default and off: never); one that fails again waits twice as long "
         "each time, up to 8 intervals.",
     ),
-    threads: int = typer.Option(None, "--threads", help="CPU backend threads."),
+    threads: int = typer.Option(None, "--threads", min=0, help="CPU backend threads (0: the backend's)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the request input."),
     live: bool = typer.Option(True, "--live/--no-live", help="Live display on a terminal."),
     as_json: bool = typer.Option(False, "--json", help="Print report.json's summary."),

@@ -88,6 +88,8 @@ class Runtime:
             )
         self.max_queue_delay_ms = float(max_queue_delay_ms)
         self.max_queue = int(max_queue)
+        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 0):
+            raise UsageError(f"threads must be a count >= 0 (0 or None: the backend's), got {threads!r}")
         self.threads = threads
         if recover_interval_s is not None and not recover_interval_s > 0:
             raise UsageError(
