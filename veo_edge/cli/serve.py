@@ -131,6 +131,12 @@ def serve(
         raise UsageError(f"--read-timeout {read_timeout} must be positive")
     if lone_max_ms < 0:
         raise UsageError(f"--lone-max-ms {lone_max_ms} must be 0 (never) or more")
+    if infer_timeout <= 0:  # 0 would answer every infer 504 at once
+        raise UsageError(
+            f"--infer-timeout {infer_timeout} must be positive (seconds before an infer gets 504)"
+        )
+    if drain_timeout < 0:
+        raise UsageError(f"--drain-timeout {drain_timeout} must be 0 (no wait) or more")
     if max_queue < 1:  # the runtime checks these too, under its own (Python) names
         raise UsageError(f"--max-queue {max_queue} must be at least 1 (samples queued before a 503)")
     if max_queue_delay_ms < 0:
