@@ -77,6 +77,11 @@ def test_doctor_table_and_json_agree_on_this_machine():
             2,
             "Invalid value for '--threads'",
         ),  # was an internal error
+        (
+            ["deploy", "reg/vit:1", "--k8s", "k", "--replicas", "0"],
+            2,
+            "--replicas 0 must be at least 1",
+        ),  # was 1
     ],
 )
 def test_bad_input_is_one_line_and_an_exit_code(tmp_path, args, code, message):

@@ -122,6 +122,8 @@ def deploy(
         return
     if replicas is not None and global_mode:
         raise UsageError("--replicas and --global exclude each other")
+    if replicas is not None and replicas < 1:  # `replicas or 1` below would turn 0 into 1 without a word
+        raise UsageError(f"--replicas {replicas} must be at least 1 (or --global: one on every node)")
     if k8s is not None:
         from veo_edge.deploy import Workload
 
