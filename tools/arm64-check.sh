@@ -64,13 +64,14 @@ rootfs() { # arch tarball
     tail -20 "$work/debootstrap.log" >&2; rm -rf "$work"; echo "error: debootstrap failed" >&2; exit 1
   fi
   rm -rf "$work/rootfs/var/cache/apt/archives/"*.deb "$work/rootfs/var/lib/apt/lists/"*
+  "$here/packaging/base/slim-rootfs.sh" "$work/rootfs"
   tar -C "$work/rootfs" -cf "$work/base.tar" .
   mv "$work/base.tar" "$tar"   # atomic: a killed run leaves no half tarball under the final name
   rm -rf "$work"
 }
 step "stand-in root filesystems"
-rootfs arm64 "$CACHE/base-bookworm-python3-arm64.tar"
-rootfs amd64 "$CACHE/base-bookworm-python3.tar"   # the same tarball packaging/base/make-base-image.sh caches
+rootfs arm64 "$CACHE/base-bookworm-python3-slim-arm64.tar"
+rootfs amd64 "$CACHE/base-bookworm-python3-slim.tar"   # the same tarball packaging/base/make-base-image.sh caches
 
 step "images, runs and checks (tools/arm64_check.py)"
 cd "$here"

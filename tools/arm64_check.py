@@ -41,8 +41,8 @@ from veo_edge.targets import TARGETS  # noqa: E402
 ARM_BASE = "veo-edge/base:bookworm-python3-arm64"
 CACHE = Path(os.environ.get("VEO_EDGE_CACHE", Path.home() / ".cache" / "veo-edge"))
 ROOTFS = {
-    "linux/arm64": CACHE / "base-bookworm-python3-arm64.tar",
-    "linux/amd64": CACHE / "base-bookworm-python3.tar",
+    "linux/arm64": CACHE / "base-bookworm-python3-slim-arm64.tar",
+    "linux/amd64": CACHE / "base-bookworm-python3-slim.tar",
 }
 #: (name, target, platform, base image tag, stand-in of) per image
 IMAGES = (

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A local base image for veo-edge's cpu image where no registry can be reached: Debian bookworm
-# (minbase) with python3 and python3-venv, made by debootstrap and imported into a Docker engine.
+# (minbase) with python3 and python3-venv, made by debootstrap, slimmed as Debian's -slim images are
+# (slim-rootfs.sh) and imported into a Docker engine.
 #
 #   packaging/base/make-base-image.sh [TAG]        (default veo-edge/base:bookworm-python3)
 #
@@ -11,7 +12,7 @@ set -euo pipefail
 TAG="${1:-veo-edge/base:bookworm-python3}"
 CACHE="${VEO_EDGE_CACHE:-$HOME/.cache/veo-edge}"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-TARBALL="$CACHE/base-bookworm-python3.tar"
+TARBALL="$CACHE/base-bookworm-python3-slim.tar"
 
 if docker image inspect "$TAG" >/dev/null 2>&1; then
   echo "base image $TAG is already in the engine"
@@ -29,6 +30,7 @@ if [[ ! -s "$TARBALL" ]]; then
     || { tail -20 "$work/debootstrap.log" >&2; echo "error: debootstrap failed (log above)" >&2; exit 1; }
   # no apt caches or lists in the image
   rm -rf "$work/rootfs/var/cache/apt/archives/"*.deb "$work/rootfs/var/lib/apt/lists/"*
+  "$(dirname "$0")/slim-rootfs.sh" "$work/rootfs"
   tar -C "$work/rootfs" -cf "$work/base.tar" .
   mv "$work/base.tar" "$TARBALL"   # atomic: a killed run leaves no half tarball under the final name
 fi
