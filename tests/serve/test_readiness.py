@@ -70,12 +70,14 @@ def test_policy_falls_back_between_cpu_backends(serve, nano_build):
     server = serve(
         nano_build, "--policy", "openvino,onnxruntime", env={"VEO_EDGE_FAULTS": json.dumps(faults)}
     )
-    assert server.get_json("/v2/health/ready")[1]["active_backend"] == "openvino"
+    ready = server.get_json("/v2/health/ready")[1]
+    assert (ready["active_backend"], ready["standby_backend"]) == ("openvino", "onnxruntime")
     for _ in range(SWITCH_AFTER):
         assert _infer(server)[0] == 200
         status, ready = server.get_json("/v2/health/ready")
         assert status == 200, ready
     assert ready["active_backend"] == "onnxruntime" and ready["canary"]["ok"] is True
+    assert ready["standby_backend"] is None  # nothing after onnxruntime in this policy
     assert ready["fallback"]["switches"][0]["from"] == "openvino"
 
 
