@@ -144,7 +144,9 @@ TARGETS: dict[str, Target] = {
             base_image="python:3.11-slim-bookworm",
             builder_image=None,
             python="3.11",
-            runtime_packages=(*_COMMON, "openvino"),
+            # ONNX Runtime's CPU provider on the same ONNX: auto's second CPU backend, the warm
+            # standby a failed OpenVINO batch is re-run on (docs/serving.md, faults)
+            runtime_packages=(*_COMMON, "openvino", "onnxruntime"),
         ),
     )
 }

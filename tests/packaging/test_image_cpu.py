@@ -91,6 +91,8 @@ def test_read_only_container_gets_healthy_and_serves_the_canary(cpu_image) -> No
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=10) as r:
             ready = json.loads(r.read())
         assert ready["ready"] and ready["active_backend"] == "openvino"
+        # ONNX Runtime's CPU provider is in the image: the warm standby a failed batch is re-run on
+        assert ready["standby_backend"] == "onnxruntime", ready
         logs = engine.docker("logs", name)
         out = logs.stdout + logs.stderr
         assert "every sha256 matches the image manifest; signed by sha256:" in out
