@@ -42,6 +42,7 @@ def test_policy_order_forcing_and_no_fallback() -> None:
     )
     assert resolve_policy("onnxruntime", None, True) == (["onnxruntime"], [])
     assert resolve_policy("auto", ["onnxruntime", "openvino"], True) == (["onnxruntime", "openvino"], [])
+    assert resolve_policy("auto", ["auto"], True) == (list(DEFAULT_POLICY), [])  # --policy auto
     with pytest.raises(
         UsageError, match=r"unknown backend 'cuda'; choose one of: auto, tensorrt, onnxruntime-cuda"
     ):
@@ -50,6 +51,8 @@ def test_policy_order_forcing_and_no_fallback() -> None:
         resolve_policy("openvino", ["openvino"], True)
     with pytest.raises(UsageError, match=r"must be a non-empty list of distinct backends"):
         resolve_policy("auto", ["openvino", "openvino"], True)
+    with pytest.raises(UsageError, match=r"must be a non-empty list of distinct backends"):
+        resolve_policy("auto", ["auto", "openvino"], True)  # auto is the whole order or nothing
 
 
 def test_gpu_memory_check_names_budget_and_free_memory() -> None:

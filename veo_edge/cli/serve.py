@@ -20,7 +20,8 @@ def serve(
     policy: str = typer.Option(
         None,
         "--policy",
-        help="Fallback order with --backend auto, comma-separated (e.g. openvino,onnxruntime on a CPU host).",
+        help="Fallback order with --backend auto, comma-separated (e.g. openvino,onnxruntime on a CPU host; "
+        "auto: the default order).",
     ),
     max_request_bytes: int = typer.Option(64 << 20, "--max-request-bytes", help="Largest request body."),
     max_buffered_bytes: int = typer.Option(

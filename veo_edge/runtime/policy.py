@@ -58,7 +58,8 @@ def resolve_policy(backend: str, policy: Sequence[str] | None, fallback: bool) -
                 "use backend='auto' with the policy"
             )
         return [backend], []
-    names = list(policy) if policy is not None else list(DEFAULT_POLICY)
+    # a policy of "auto" alone is the default order (what --policy auto reads as)
+    names = list(policy) if policy is not None and list(policy) != ["auto"] else list(DEFAULT_POLICY)
     if not names or "auto" in names or len(set(names)) != len(names):
         raise UsageError(
             f"policy {names} must be a non-empty list of distinct backends from: {', '.join(BACKENDS)}"
