@@ -39,6 +39,7 @@ def hf_digits_build(tmp_path_factory) -> Path:
         cmd = [sys.executable, "-m", "veo_edge.cli.main", "build", "--hf", str(HF_DIGITS), "--out", str(out)]
         done = subprocess.run([*cmd, "--quiet"], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr
+        assert "Loading weights" not in done.stderr, "transformers drew its progress bar under --quiet"
 
     return _once(tmp_path_factory, "hf-vit-digits", make)
 

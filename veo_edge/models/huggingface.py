@@ -204,6 +204,10 @@ def _load_module(
     else:
         cls = tf.AutoModel
         output = ""
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()  # its "Loading weights" bar drew above our own progress
+    hf_logging.disable_progress_bar()
     try:
         model = cls.from_pretrained(path, **kw).eval()
     except Exception as e:
@@ -211,6 +215,9 @@ def _load_module(
             f"--hf {path}: cannot load the {arch or config.model_type} weights ({type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''})"
         ) from e
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
     if not output:
         output = _backbone_output(model, kind, _input_shape(config, kind))
     return served_module(model, output), output, type(model).__name__
