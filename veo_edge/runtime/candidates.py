@@ -114,14 +114,19 @@ class Candidates:
                 verified={n: r.to_dict() for n, r in self._verified.items()},
             )
 
+    @property
+    def standby_backend(self) -> str | None:
+        """The warm candidate a failed batch is re-run on first (None: none held beside the active)."""
+        standby = min((k for k in tuple(self._held) if k != self._active), default=None)
+        return None if standby is None else self.names[standby]
+
     def counters(self) -> dict[str, Any]:
         """Faults by backend and kind, retries by the backend they ran on and outcome, switches, standby."""
         with self._lock:
-            standby = min((k for k in tuple(self._held) if k != self._active), default=None)
             return {
                 **self.tally.snapshot(),
                 "fallback_switches": self.fallback_count,
-                "standby_backend": None if standby is None else self.names[standby],
+                "standby_backend": self.standby_backend,
             }
 
     def _set_status(self, name: str, status: str, reason: str | None = None) -> None:

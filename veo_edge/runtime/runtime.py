@@ -360,6 +360,10 @@ class Runtime:
         return self._backends.active_backend
 
     @property
+    def standby_backend(self) -> str | None:
+        return self._backends.standby_backend
+
+    @property
     def state(self) -> RuntimeState:
         return self._backends.state(started=self._started, closed=self._closed)
 

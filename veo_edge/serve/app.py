@@ -174,9 +174,7 @@ class InferenceService:
             "model": self.model.name,
             "active_backend": backend,
             # the warm one a failed batch is re-run on (None: no second backend here, or still warming)
-            "standby_backend": next(
-                (c["name"] for c in state.get("candidates", []) if c["status"] == "standby"), None
-            ),
+            "standby_backend": runtime.standby_backend if runtime is not None else None,
             "fallback": {
                 "count": state.get("fallback_count", 0),
                 "switches": state.get("switches", []),
