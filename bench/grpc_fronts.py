@@ -6,7 +6,9 @@ uvloop where it has a loop, driven by perf_analyzer over gRPC, cells interleaved
     python bench/grpc_fronts.py --perf-analyzer PATH/perf_analyzer [--elements 10,150528] [--rounds 2]
 
 ``--elements``: the input's FP32 elements per request (150528: a 224x224 RGB picture, 602 kB). grpclib
-is not a veo-edge dependency: ``pip install grpclib`` for its rows (skipped without it).
+is not a veo-edge dependency: ``pip install grpclib`` for its rows (skipped without it). ``--fronts``
+picks fronts, among them grpcio asyncio with grpc core experiments switched (``VARIANTS``), e.g.
+``--fronts grpcio-aio,grpcio-aio-iomgr``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import os
 import subprocess
 import sys
 import time
@@ -25,6 +28,11 @@ import report
 
 SERVICE = "inference.GRPCInferenceService"
 FRONTS = ("grpcio-aio", "grpcio-threads", "grpclib")
+#: grpcio asyncio again with grpc core experiments switched (GRPC_EXPERIMENTS, read once at grpc's init):
+#: ``--fronts grpcio-aio,grpcio-aio-iomgr`` asks whether the EventEngine's own I/O threads cost a hop
+VARIANTS = {
+    "grpcio-aio-iomgr": "-event_engine_listener,-event_engine_for_all_other_endpoints",
+}
 
 
 def _methods(elements: int) -> dict:
@@ -133,6 +141,7 @@ def main() -> None:
     ap.add_argument(
         "--elements", default="10,150528", help="FP32 input elements per request, comma-separated"
     )
+    ap.add_argument("--fronts", default=",".join(FRONTS), help=f"of {FRONTS + tuple(VARIANTS)}")
     ap.add_argument("--rounds", type=int, default=2, help="cells interleaved this many times")
     ap.add_argument("--seconds", type=float, default=3.0, help="per cell")
     ap.add_argument("--concurrency", type=int, default=1)
@@ -143,7 +152,10 @@ def main() -> None:
         return serve(args.serve[0], int(args.serve[1]), int(args.serve[2]))
     if not args.perf_analyzer:
         raise SystemExit("--perf-analyzer PATH is required")
-    fronts = [f for f in FRONTS if f != "grpclib" or importlib.util.find_spec("grpclib")]
+    fronts = [f for f in args.fronts.split(",") if f != "grpclib" or importlib.util.find_spec("grpclib")]
+    unknown = set(fronts) - set(FRONTS) - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"unknown --fronts {sorted(unknown)}; known: {FRONTS + tuple(VARIANTS)}")
     table = report.Table(
         f"gRPC servers, no model, {args.concurrency} client(s), perf_analyzer",
         {
@@ -160,7 +172,10 @@ def main() -> None:
             for front in fronts:
                 port = h.free_port()
                 cmd = [sys.executable, __file__, "--serve", front, str(port), str(elements)]
-                children[front] = (port, subprocess.Popen(cmd))
+                env = dict(os.environ)
+                if front in VARIANTS:
+                    env["GRPC_EXPERIMENTS"] = VARIANTS[front]
+                children[front] = (port, subprocess.Popen(cmd, env=env))
             time.sleep(3)  # imports and bind
             for rnd in range(1, args.rounds + 1):
                 for front, (port, _) in children.items():
