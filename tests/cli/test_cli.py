@@ -63,6 +63,19 @@ def test_doctor_table_and_json_agree_on_this_machine():
         assert ("ok" if probe["ok"] else "absent") in table.stdout
 
 
+def test_doctor_lives_through_a_package_that_crashes_at_import(tmp_path):
+    """An onnxruntime whose import dies of SIGSEGV (ONNX Runtime on aarch64 under QEMU does): doctor
+    reports it with the signal and exits 0 (it died with the signal before)."""
+    (tmp_path / "onnxruntime").mkdir()
+    (tmp_path / "onnxruntime" / "__init__.py").write_text("import ctypes\nctypes.string_at(0)\n")
+    r = veo("doctor", "--json", env={"PYTHONPATH": str(tmp_path), "PYTHONFAULTHANDLER": None})
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["onnxruntime"]["ok"] is False
+    assert "importing onnxruntime killed a child process with SIGSEGV" in report["onnxruntime"]["reason"]
+    assert report["openvino"]["ok"] is True
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [

@@ -1,5 +1,6 @@
 """Readiness tells the truth: it drops when no backend works and comes back when one recovers; with
-``--policy`` a CPU host falls back from one CPU backend to another and stays ready."""
+``--policy`` a CPU host falls back from one CPU backend to another and stays ready; a standby whose
+package crashes the process at import is skipped, and the server serves on."""
 
 from __future__ import annotations
 
@@ -79,6 +80,23 @@ def test_policy_falls_back_between_cpu_backends(serve, nano_build):
     assert ready["active_backend"] == "onnxruntime" and ready["canary"]["ok"] is True
     assert ready["standby_backend"] is None  # nothing after onnxruntime in this policy
     assert ready["fallback"]["switches"][0]["from"] == "openvino"
+
+
+def test_a_standby_whose_import_crashes_is_skipped_and_the_server_serves(serve, nano_build, tmp_path):
+    """An ``onnxruntime`` whose import dies of SIGSEGV (as ONNX Runtime does on aarch64 under QEMU) first
+    on the path: the child import takes the crash, onnxruntime is skipped with the reason, and OpenVINO
+    serves, ready, with no standby. Without the child check the server itself died at its standby."""
+    shadow = tmp_path / "crashing" / "onnxruntime"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("import ctypes\nctypes.string_at(0)  # a real SIGSEGV\n")
+    server = serve(nano_build, env={"PYTHONPATH": str(shadow.parent), "PYTHONFAULTHANDLER": ""})
+    status, ready = server.get_json("/v2/health/ready")
+    assert status == 200 and ready["active_backend"] == "openvino", ready
+    assert ready["standby_backend"] is None
+    skipped = {s["backend"]: s["reason"] for s in ready["fallback"]["skipped"]}
+    assert "killed a child process with SIGSEGV" in skipped["onnxruntime"], ready
+    assert _infer(server)[0] == 200
+    assert server.proc.poll() is None
 
 
 def test_bad_policy_is_a_usage_error(nano_build):

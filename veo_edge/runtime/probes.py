@@ -185,6 +185,8 @@ def probe_gpu() -> Probe:
 
 
 def probe_tensorrt() -> Probe:
+    if crashed := _import_crash("tensorrt"):
+        return crashed
     try:
         import tensorrt as trt
     except ImportError as e:
@@ -195,6 +197,8 @@ def probe_tensorrt() -> Probe:
 
 
 def probe_onnxruntime() -> Probe:
+    if crashed := _import_crash("onnxruntime"):
+        return crashed
     try:
         import onnxruntime as ort
     except ImportError as e:
@@ -209,6 +213,8 @@ def probe_onnxruntime() -> Probe:
 
 
 def probe_openvino() -> Probe:
+    if crashed := _import_crash("openvino"):
+        return crashed
     try:
         import openvino as ov
     except ImportError as e:
@@ -258,7 +264,21 @@ def probe_docker(timeout: float = 2.0) -> Probe:
     )
 
 
+def _import_crash(name: str) -> Probe | None:
+    """A failed probe where importing ``name``'s package killed a child process (the probe's own import
+    would have killed this one: :mod:`veo_edge.runtime.imports`)."""
+    from veo_edge.runtime.imports import import_crash
+
+    reason = import_crash(name)
+    return None if reason is None else Probe(name, False, reason=reason)
+
+
 def probe_all() -> list[Probe]:
+    """Every probe; the backends' packages are imported in child processes first (``doctor`` reports a
+    package that crashes at import, and lives)."""
+    from veo_edge.runtime.imports import start_import_checks
+
+    start_import_checks(("tensorrt", "onnxruntime", "openvino"))
     return [
         probe_cpu(),
         probe_int8(),

@@ -33,6 +33,7 @@ from veo_edge.runtime.backends.openvino import PERFORMANCE_HINTS
 from veo_edge.runtime.batching import Arrival, Batcher, BatcherStats, ClosedError
 from veo_edge.runtime.fallback import Fallback
 from veo_edge.runtime.faults import FaultPlan, parse_faults
+from veo_edge.runtime.imports import start_import_checks
 from veo_edge.runtime.policy import (
     BACKENDS,
     artifacts_of,
@@ -144,6 +145,8 @@ class Runtime:
                 raise ClosedError("this runtime was closed; create a new Runtime")
             if self._started:
                 return self
+            # later backends' packages imported in children meanwhile: one that crashes costs only itself
+            start_import_checks(self.names[1:])
             self.build.verify(sorted({k for n in self.names for k in artifacts_of(n, self.build)}))
             self._backends.activate_from(0)
             self._backends.prepare_standby()
