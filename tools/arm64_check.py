@@ -161,15 +161,44 @@ def get(url: str, timeout: float = 30) -> str:
         return r.read().decode()
 
 
-def run_container(engine, name: str, platform: str, port: int):
+#: what an Arm64 device's /proc/cpuinfo says of each core (Jetson Orin's Cortex-A78AE: implementer 0x41,
+#: part 0xd42). Under QEMU user emulation /proc/cpuinfo is this x86-64 host's, and ONNX Runtime's CPU
+#: detection segfaults on it at import; a device shows this, so the arm64 server gets it mounted
+ARM_CORE = """processor\t: {n}
+BogoMIPS\t: 62.50
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x1
+CPU part\t: 0xd42
+CPU revision\t: 1
+
+"""
+
+
+def arm_cpuinfo(work: Path) -> dict:
+    """A bind mount of an Arm64 /proc/cpuinfo (one core per CPU of this machine) for an arm64 container."""
+    path = work / "arm64-cpuinfo"
+    path.write_text("".join(ARM_CORE.format(n=n) for n in range(os.cpu_count() or 1)))
+    return {str(path): {"bind": "/proc/cpuinfo", "mode": "ro"}}
+
+
+#: the cpu image runs with OpenVINO failing every 7th call (transient): each failed batch must be re-run
+#: on the ONNX Runtime standby, so the soak's 0 errors prove the fallback on arm64 (soak: retries > 0)
+CPU_FAULTS = {"openvino": {"every_nth": 7}}
+
+
+def run_container(engine, name: str, platform: str, port: int, work: Path, faults: dict | None = None):
     client = engine.client
+    env = {"VEO_EDGE_FAULTS": json.dumps(faults)} if faults else {}
     ctr = client.containers.run(
         f"veo-edge/arm64-check:{name}", detach=True, network_mode="host", platform=platform,
         name=f"veo-arm64-check-{name}",
         environment={"VEO_EDGE_PORT": str(port), "VEO_EDGE_GRPC_PORT": str(free_port()),
-                     "VEO_EDGE_HOST": "127.0.0.1", "VEO_EDGE_HEALTH_TIMEOUT": "120"},
+                     "VEO_EDGE_HOST": "127.0.0.1", "VEO_EDGE_HEALTH_TIMEOUT": "120", **env},
         # the image's HEALTHCHECK starts an emulated Python every 10 s: off here, the check runs it itself
         healthcheck={"test": ["NONE"]}, init=True,
+        volumes=arm_cpuinfo(work) if platform == "linux/arm64" else None,
     )  # fmt: skip
     deadline = time.monotonic() + 1200
     while time.monotonic() < deadline:
@@ -187,8 +216,11 @@ def run_container(engine, name: str, platform: str, port: int):
     return ctr
 
 
-def checks_in_container(engine, name: str, platform: str, port: int) -> str:
-    ctr = run_container(engine, name, platform, port)
+def checks_in_container(engine, name: str, target: str, platform: str, port: int, work: Path) -> str:
+    ctr = run_container(engine, name, platform, port, work, CPU_FAULTS if target == "cpu" else None)
+    standby = json.loads(get(f"http://127.0.0.1:{port}/v2/health/ready"))["standby_backend"]
+    if target == "cpu" and standby != "onnxruntime":  # the cpu image ships ONNX Runtime as auto's second
+        raise RuntimeError(f"the cpu image's standby is {standby!r}, not onnxruntime")
     code, out = ctr.exec_run(["/opt/veo-edge/healthcheck/healthcheck.sh"])
     if code != 0:
         raise RuntimeError(f"healthcheck exited {code}: {out.decode(errors='replace')[-500:]}")
@@ -204,7 +236,8 @@ def checks_in_container(engine, name: str, platform: str, port: int) -> str:
         raise RuntimeError(f"/metrics or the logs do not say why TensorRT was passed over: {skipped} {said}")
     (Path(tempfile.gettempdir()) / f"veo-arm64-check-{name}.log").write_text(logs + "\n" + metrics)
     return (
-        f"healthcheck: {out.decode(errors='replace').strip().splitlines()[-1][:100]}; {active[0]}; "
+        f"healthcheck: {out.decode(errors='replace').strip().splitlines()[-1][:100]}; standby: {standby}; "
+        f"{active[0]}; "
         f"{skipped[0][:200]}; log: {said[0][:160]}"
     )
 
@@ -223,7 +256,11 @@ def soak(engine, name: str, port: int, work: Path) -> str:
     req = report["requests"]
     if req["errors"] or req["timeouts"] or req["lost"] or not req["ok"]:
         raise RuntimeError(f"soak: {req}")
-    return f"{req['ok']} answered, 0 errors/timeouts/lost in 30 s; backends {report['fallbacks']['backends']}"
+    fb = report["fallbacks"]
+    if name == "cpu-arm64" and not fb["retries"]:  # run with CPU_FAULTS: its failed batches were re-run
+        raise RuntimeError(f"soak: OpenVINO failed every 7th call, yet no retry was counted: {fb}")
+    retried = f"; faults {fb['faults']}, retries {fb['retries']}" if fb["retries"] else ""
+    return f"{req['ok']} answered, 0 errors/timeouts/lost in 30 s; backends {fb['backends']}{retried}"
 
 
 def parity(engine, name: str, platform: str, build: Path, work: Path) -> str:
@@ -333,8 +370,10 @@ def main() -> int:
                 checks_in_container,
                 engine,
                 name,
+                target,
                 platform,
                 port,
+                work,
             ):
                 summary.step(f"{name}: 30 s soak", soak, engine, name, port, work)
             for ctr in engine.client.containers.list(all=True, filters={"name": f"veo-arm64-check-{name}"}):
