@@ -219,8 +219,8 @@ def run_container(engine, name: str, platform: str, port: int, work: Path, fault
 def checks_in_container(engine, name: str, target: str, platform: str, port: int, work: Path) -> str:
     ctr = run_container(engine, name, platform, port, work, CPU_FAULTS if target == "cpu" else None)
     standby = json.loads(get(f"http://127.0.0.1:{port}/v2/health/ready"))["standby_backend"]
-    if target == "cpu" and standby != "onnxruntime":  # the cpu image ships ONNX Runtime as auto's second
-        raise RuntimeError(f"the cpu image's standby is {standby!r}, not onnxruntime")
+    if standby != "onnxruntime":  # every image ships ONNX Runtime's CPU provider as auto's CPU standby
+        raise RuntimeError(f"the {name} image's standby is {standby!r}, not onnxruntime")
     code, out = ctr.exec_run(["/opt/veo-edge/healthcheck/healthcheck.sh"])
     if code != 0:
         raise RuntimeError(f"healthcheck exited {code}: {out.decode(errors='replace')[-500:]}")

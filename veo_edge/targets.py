@@ -37,6 +37,9 @@ class Target:
     #: of those, the ones the image goes without (saying so) where no wheel can be had: the CPU path
     #: never needs them (onnxruntime-gpu for Jetson comes only from NVIDIA's Jetson index)
     optional_packages: tuple[str, ...] = ()
+    #: an optional package left out -> the one installed in its place: onnxruntime-gpu's CPU provider is
+    #: auto's CPU standby, so without it PyPI's CPU onnxruntime keeps the chain ending in ONNX Runtime
+    optional_stand_ins: dict[str, str] = field(default_factory=dict)
     #: an index the GPU wheels come from where PyPI has none (NVIDIA's JetPack index on Orin)
     extra_index_url: str | None = None
     #: ``docker run`` options a deploy adds so the container sees the GPU
@@ -113,6 +116,7 @@ TARGETS: dict[str, Target] = {
             versions={"cuda": "12.6", "tensorrt": "10.3", "jetpack": "6.1", "l4t": "r36.4.0"},
             runtime_packages=(*_COMMON, "openvino", "onnx", "onnxruntime-gpu", "nvidia-ml-py"),
             optional_packages=("onnxruntime-gpu",),
+            optional_stand_ins={"onnxruntime-gpu": "onnxruntime"},
             extra_index_url="https://pypi.jetson-ai-lab.dev/jp6/cu126",
             gpu_run_args=("--runtime", "nvidia"),
             gpu_runtime="nvidia",
@@ -131,6 +135,7 @@ TARGETS: dict[str, Target] = {
             versions={"cuda": "12.6", "tensorrt": "10.3"},
             runtime_packages=(*_COMMON, "openvino", "onnx", "onnxruntime-gpu", "nvidia-ml-py"),
             optional_packages=("onnxruntime-gpu",),
+            optional_stand_ins={"onnxruntime-gpu": "onnxruntime"},
             gpu_run_args=("--gpus", "all"),
             gpu_device_request=True,
         ),

@@ -142,15 +142,20 @@ def test_a_package_without_an_aarch64_wheel_stops_the_build_naming_it(pypi) -> N
         resolve.resolve_runtime(t, ["numpy", "intel-openmp"], print)  # x86-64 only; not optional
 
 
-def test_onnxruntime_gpu_for_jetson_is_left_out_and_said_so(pypi) -> None:
+def test_onnxruntime_gpu_for_jetson_is_left_out_and_the_cpu_one_stands_in(pypi) -> None:
     """Jetson's comes from NVIDIA's Jetson index alone (PyPI's aarch64 wheel is for ARM servers), which is
-    not reachable here: the orin image installs without it (the CPU path does not need it), and the note
-    (which heads the lock) says so."""
+    not reachable here: the orin image installs without it (the CPU path does not need it) and gets PyPI's
+    CPU onnxruntime in its place, auto's CPU standby (it had no second CPU backend before); the note
+    (which heads the lock) says both."""
     orin = platforms.for_platform(get_target("orin"), None, BOOKWORM)
     said: list[str] = []
     wheels, notes = resolve.resolve_runtime(orin, ["numpy", "onnxruntime-gpu"], said.append)
-    assert [w.name for w in wheels] == ["numpy"]
+    names = [w.name for w in wheels]
+    assert names[0] == "numpy" and "onnxruntime" in names and "onnxruntime-gpu" not in names
+    ort = next(w for w in wheels if w.name == "onnxruntime")
+    assert ort.version == metadata.version("onnxruntime") and ort.filename.endswith("_aarch64.whl")
     assert len(notes) == 1 and notes[0].startswith("onnxruntime-gpu left out: ")
+    assert f"onnxruntime {ort.version} (the CPU provider, auto's CPU standby) is installed in its place" in notes[0]
     assert "the CPU path does not need it" in notes[0] and said == [f"wheelhouse: {notes[0]}"]
 
 

@@ -157,15 +157,42 @@ def resolve_runtime(
                 want = f"{found.name} @ {found.url}"
             more = resolve(target, [want, *(w.pin for w in wheels)])
         except PackagingError as e:
+            name = Requirement(req).name
             notes.append(
-                f"{Requirement(req).name} left out: {e}. The image installs without it; the CPU path does not "
-                "need it"
+                f"{name} left out: {e}. The image installs without it; the CPU path does not need it"
             )
+            more = _stand_in(target, name, wheels, notes)
             say(f"wheelhouse: {notes[-1]}")
-            continue
         have = {w.name for w in wheels}
         wheels += [w for w in more if w.name not in have]
     return wheels, notes
+
+
+def pinned(target: Target, name: str) -> str:
+    """``name==version`` where this machine has ``name`` and runs the target's Python (the version the
+    tests ran with), ``name`` otherwise (pip picks the newest the target's Python takes)."""
+    if target.python != f"{sys.version_info[0]}.{sys.version_info[1]}":
+        return name
+    try:
+        return f"{name}=={metadata.version(name)}"
+    except metadata.PackageNotFoundError:
+        return name
+
+
+def _stand_in(target: Target, name: str, wheels: list[Wheel], notes: list[str]) -> list[Wheel]:
+    """The wheels of what the target installs in place of optional ``name`` (none: nothing), the last
+    note extended to say which."""
+    stand_in = target.optional_stand_ins.get(name)
+    if stand_in is None:
+        return []
+    try:
+        more = resolve(target, [pinned(target, stand_in), *(w.pin for w in wheels)])
+    except PackagingError as e:
+        notes[-1] += f"; {stand_in} in its place could not be had either: {e}"
+        return []
+    version = next((w.version for w in more if w.name == canonicalize_name(stand_in)), "?")
+    notes[-1] += f"; {stand_in} {version} (the CPU provider, auto's CPU standby) is installed in its place"
+    return more
 
 
 def download(target: Target, wheels: list[Wheel], dest: Path) -> None:

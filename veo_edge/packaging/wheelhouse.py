@@ -13,9 +13,7 @@ this machine's, i.e. the versions the tests ran with.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -29,18 +27,9 @@ LOCK_NAME = "requirements.lock"
 
 
 def runtime_requirements(target: Target) -> list[str]:
-    """``name==version`` for each runtime package this machine has when it runs the target's Python
-    (the versions the tests ran with), ``name`` otherwise (pip picks the newest the target's Python
-    takes; the lock then pins what was taken)."""
-    if target.python != f"{sys.version_info[0]}.{sys.version_info[1]}":
-        return list(target.runtime_packages)
-    reqs = []
-    for name in target.runtime_packages:
-        try:
-            reqs.append(f"{name}=={metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            reqs.append(name)
-    return reqs
+    """Each runtime package of the target, pinned to this machine's version where it runs the target's
+    Python (:func:`~veo_edge.packaging.resolve.pinned`; the lock then pins what was taken)."""
+    return [resolve.pinned(target, name) for name in target.runtime_packages]
 
 
 def write_lock(dest: Path, notes: list[str] | None = None) -> Path:
