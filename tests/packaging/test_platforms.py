@@ -155,7 +155,10 @@ def test_onnxruntime_gpu_for_jetson_is_left_out_and_the_cpu_one_stands_in(pypi) 
     ort = next(w for w in wheels if w.name == "onnxruntime")
     assert ort.version == metadata.version("onnxruntime") and ort.filename.endswith("_aarch64.whl")
     assert len(notes) == 1 and notes[0].startswith("onnxruntime-gpu left out: ")
-    assert f"onnxruntime {ort.version} (the CPU provider, auto's CPU standby) is installed in its place" in notes[0]
+    assert (
+        f"onnxruntime {ort.version} (the CPU provider, auto's CPU standby) is installed in its place"
+        in notes[0]
+    )
     assert "the CPU path does not need it" in notes[0] and said == [f"wheelhouse: {notes[0]}"]
 
 
