@@ -104,13 +104,8 @@ def _gpu(index: int = 0) -> tuple[Verdict, int]:
 def probe_candidate(
     name: str, build: BuildDir, gpu_memory_budget: int | None = None, gpu: int = 0
 ) -> Verdict:
-    """Cheap checks that decide whether ``name`` is worth activating on this machine (a later one of the
-    order: whether its package imported in a child without killing it, :mod:`veo_edge.runtime.imports`)."""
-    from veo_edge.runtime.imports import import_crash
-
-    crash = import_crash(name)
-    if crash is not None:
-        return Verdict(False, crash)
+    """Cheap checks that decide whether ``name`` is worth activating on this machine (each package probe
+    first asks whether its import killed a child process: :mod:`veo_edge.runtime.imports`)."""
     if name == "openvino":
         from veo_edge.runtime.probes import probe_openvino
 
