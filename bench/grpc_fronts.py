@@ -28,11 +28,20 @@ import report
 
 SERVICE = "inference.GRPCInferenceService"
 FRONTS = ("grpcio-aio", "grpcio-threads", "grpclib")
-#: grpcio asyncio again with grpc core experiments switched (GRPC_EXPERIMENTS, read once at grpc's init):
-#: ``--fronts grpcio-aio,grpcio-aio-iomgr`` asks whether the EventEngine's own I/O threads cost a hop
+#: grpcio asyncio again with grpc core experiments switched (GRPC_EXPERIMENTS, read once at grpc's init)
+#: or HTTP/2 settings changed (server options): ``--fronts grpcio-aio,grpcio-aio-iomgr`` asks whether
+#: the EventEngine's own I/O threads cost a hop, ``grpcio-aio-h2`` whether a 602 kB request pays for
+#: HTTP/2's 16 KiB frames and 64 KiB stream window (the client may send one frame, no window updates)
 VARIANTS = {
-    "grpcio-aio-iomgr": "-event_engine_listener,-event_engine_for_all_other_endpoints",
-}
+    "grpcio-aio-iomgr": ("-event_engine_listener,-event_engine_for_all_other_endpoints", []),
+    "grpcio-aio-h2": (None, [("grpc.http2.max_frame_size", (16 << 20) - 1), ("grpc.http2.lookahead_bytes", 16 << 20)]),
+    "grpcio-aio-read": (None, [("grpc.experimental.tcp_read_chunk_size", 1 << 20), ("grpc.experimental.tcp_min_read_chunk_size", 256 << 10)]),
+}  # fmt: skip
+#: the fronts' C heap keeps freed blocks: with glibc's defaults a front with no model behind it gives
+#: the few 602 kB copies of each request back to the kernel and faults ~260 fresh pages in again
+#: (+0.35 ms a request, measured), which `veo-edge serve`, whose heap the model's buffers hold up, does
+#: not pay (0.0-0.2 page faults a request over HTTP and gRPC); ``--glibc-defaults`` measures with them
+HEAP = "glibc.malloc.mmap_threshold=8388608:glibc.malloc.trim_threshold=33554432"
 
 
 def _methods(elements: int) -> dict:
@@ -76,7 +85,7 @@ def serve(front: str, port: int, elements: int) -> None:
     if front.startswith("grpcio"):
         import grpc
 
-        options = [("grpc.max_receive_message_length", 64 << 20)]
+        options = [("grpc.max_receive_message_length", 64 << 20), *VARIANTS.get(front, (None, []))[1]]
 
         def handlers(wrap):
             return {
@@ -146,6 +155,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0, help="per cell")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None, help="also write the results here, as JSON")
+    ap.add_argument("--glibc-defaults", action="store_true", help="fronts on glibc's malloc defaults (HEAP)")
     ap.add_argument("--serve", nargs=3, metavar=("FRONT", "PORT", "ELEMENTS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
@@ -172,9 +182,9 @@ def main() -> None:
             for front in fronts:
                 port = h.free_port()
                 cmd = [sys.executable, __file__, "--serve", front, str(port), str(elements)]
-                env = dict(os.environ)
-                if front in VARIANTS:
-                    env["GRPC_EXPERIMENTS"] = VARIANTS[front]
+                env = dict(os.environ) if args.glibc_defaults else {**os.environ, "GLIBC_TUNABLES": HEAP}
+                if front in VARIANTS and VARIANTS[front][0]:
+                    env["GRPC_EXPERIMENTS"] = VARIANTS[front][0]
                 children[front] = (port, subprocess.Popen(cmd, env=env))
             time.sleep(3)  # imports and bind
             for rnd in range(1, args.rounds + 1):
