@@ -7,7 +7,7 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 PIP := $(PYTHON) -m pip
 
-.PHONY: setup demo plugins lint test arm64-check
+.PHONY: setup demo plugins lint test arm64-check bench-tools
 
 $(PYTHON):
 	$(BASE_PYTHON) -m venv $(VENV)
@@ -43,3 +43,19 @@ test: setup plugins lint
 # Docker, network; ~30 min on 2 cores; not part of `make test`): tools/arm64-check.sh, docs/images.md
 arm64-check:
 	nice tools/arm64-check.sh
+
+# the outside tools the serving benches compare against (docs/benchmarks.md), each in its own venv under
+# .bench: perf_analyzer (the binary of the tritonclient 2.51.0 wheel, with the CUDA runtime it links to
+# and Debian's libb64) and Triton through PyTriton 0.7 with this venv's OpenVINO; ~1.1 GB, ~1 min
+BENCH ?= .bench
+bench-tools: setup
+	$(BASE_PYTHON) -m venv $(BENCH)/perf-analyzer
+	$(BENCH)/perf-analyzer/bin/pip install --quiet --disable-pip-version-check 'tritonclient[all]==2.51.0' \
+		nvidia-cuda-runtime-cu12
+	$(BASE_PYTHON) -m venv $(BENCH)/pytriton
+	$(BENCH)/pytriton/bin/pip install --quiet --disable-pip-version-check 'nvidia-pytriton==0.7.*' \
+		"openvino==$$($(PYTHON) -c 'import openvino; print(openvino.__version__.split("-")[0])')"
+	@/sbin/ldconfig -p | grep -q 'libb64\.so\.0d' || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq libb64-0d >/dev/null; } \
+		|| { echo "perf_analyzer needs Debian's libb64-0d: sudo apt-get install libb64-0d"; exit 1; }
+	@echo "perf_analyzer: $(BENCH)/perf-analyzer/bin/perf_analyzer; PyTriton's Python: $(BENCH)/pytriton/bin/python"
+	@echo "e.g. $(PYTHON) bench/serve.py limit --perf-analyzer $(BENCH)/perf-analyzer/bin/perf_analyzer --pytriton $(BENCH)/pytriton/bin/python"
