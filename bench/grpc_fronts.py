@@ -22,20 +22,30 @@ import sys
 import time
 from concurrent import futures
 from pathlib import Path
+from typing import NamedTuple
 
 import harness as h
 import report
 
 SERVICE = "inference.GRPCInferenceService"
 FRONTS = ("grpcio-aio", "grpcio-threads", "grpclib")
-#: grpcio asyncio again with grpc core experiments switched (GRPC_EXPERIMENTS, read once at grpc's init)
-#: or HTTP/2 settings changed (server options): ``--fronts grpcio-aio,grpcio-aio-iomgr`` asks whether
-#: the EventEngine's own I/O threads cost a hop, ``grpcio-aio-h2`` whether a 602 kB request pays for
-#: HTTP/2's 16 KiB frames and 64 KiB stream window (the client may send one frame, no window updates)
+
+
+class Variant(NamedTuple):
+    """grpcio asyncio again, with grpc core experiments switched (``GRPC_EXPERIMENTS``, read once at
+    grpc's init) and/or server options (channel arguments) added."""
+
+    experiments: str | None = None
+    options: tuple[tuple[str, int], ...] = ()
+
+
+#: ``--fronts grpcio-aio,grpcio-aio-iomgr`` asks whether the EventEngine's own I/O threads cost a hop,
+#: ``grpcio-aio-h2`` whether a 602 kB request pays for HTTP/2's 16 KiB frames and 64 KiB stream window
+#: (the client may send one frame, no window updates), ``grpcio-aio-read`` for 8 KiB socket reads
 VARIANTS = {
-    "grpcio-aio-iomgr": ("-event_engine_listener,-event_engine_for_all_other_endpoints", []),
-    "grpcio-aio-h2": (None, [("grpc.http2.max_frame_size", (16 << 20) - 1), ("grpc.http2.lookahead_bytes", 16 << 20)]),
-    "grpcio-aio-read": (None, [("grpc.experimental.tcp_read_chunk_size", 1 << 20), ("grpc.experimental.tcp_min_read_chunk_size", 256 << 10)]),
+    "grpcio-aio-iomgr": Variant("-event_engine_listener,-event_engine_for_all_other_endpoints"),
+    "grpcio-aio-h2": Variant(options=(("grpc.http2.max_frame_size", (16 << 20) - 1), ("grpc.http2.lookahead_bytes", 16 << 20))),
+    "grpcio-aio-read": Variant(options=(("grpc.experimental.tcp_read_chunk_size", 1 << 20), ("grpc.experimental.tcp_min_read_chunk_size", 256 << 10))),
 }  # fmt: skip
 #: the fronts' C heap keeps freed blocks: with glibc's defaults a front with no model behind it gives
 #: the few 602 kB copies of each request back to the kernel and faults ~260 fresh pages in again
@@ -85,7 +95,7 @@ def serve(front: str, port: int, elements: int) -> None:
     if front.startswith("grpcio"):
         import grpc
 
-        options = [("grpc.max_receive_message_length", 64 << 20), *VARIANTS.get(front, (None, []))[1]]
+        options = [("grpc.max_receive_message_length", 64 << 20), *VARIANTS.get(front, Variant()).options]
 
         def handlers(wrap):
             return {
@@ -183,8 +193,9 @@ def main() -> None:
                 port = h.free_port()
                 cmd = [sys.executable, __file__, "--serve", front, str(port), str(elements)]
                 env = dict(os.environ) if args.glibc_defaults else {**os.environ, "GLIBC_TUNABLES": HEAP}
-                if front in VARIANTS and VARIANTS[front][0]:
-                    env["GRPC_EXPERIMENTS"] = VARIANTS[front][0]
+                experiments = VARIANTS.get(front, Variant()).experiments
+                if experiments:
+                    env["GRPC_EXPERIMENTS"] = experiments
                 children[front] = (port, subprocess.Popen(cmd, env=env))
             time.sleep(3)  # imports and bind
             for rnd in range(1, args.rounds + 1):
