@@ -55,7 +55,7 @@ bench-tools: setup
 	$(BASE_PYTHON) -m venv $(BENCH)/pytriton
 	$(BENCH)/pytriton/bin/pip install --quiet --disable-pip-version-check 'nvidia-pytriton==0.7.*' \
 		"openvino==$$($(PYTHON) -c 'import openvino; print(openvino.__version__.split("-")[0])')"
-	@/sbin/ldconfig -p | grep -q 'libb64\.so\.0d' || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq libb64-0d >/dev/null; } \
+	@/sbin/ldconfig -p | grep -q 'libb64\.so\.0d' || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq libb64-0d >/dev/null; } \
 		|| { echo "perf_analyzer needs Debian's libb64-0d: sudo apt-get install libb64-0d"; exit 1; }
 	@echo "perf_analyzer: $(BENCH)/perf-analyzer/bin/perf_analyzer; PyTriton's Python: $(BENCH)/pytriton/bin/python"
 	@echo "e.g. $(PYTHON) bench/serve.py limit --perf-analyzer $(BENCH)/perf-analyzer/bin/perf_analyzer --pytriton $(BENCH)/pytriton/bin/python"
