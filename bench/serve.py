@@ -72,6 +72,12 @@ def cell_args(ap: argparse.ArgumentParser, **defaults) -> None:
     ap.add_argument(
         "--tree", action="append", default=[], help="also serve this checkout's code (repeatable)"
     )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="also serve the build with these options added, e.g. '--batch-limit 1' (repeatable; named by them)",
+    )
     ap.add_argument("--pytriton", default=None, help="a Python with nvidia-pytriton: Triton's rows too")
     ap.add_argument("--server-args", default="--max-queue 4096", help="more `veo-edge serve` options")
     ap.add_argument("--settle", type=float, default=0.0, help="seconds to wait once the servers are up")
@@ -91,6 +97,8 @@ def served_cells(args, build: Path, stack: contextlib.ExitStack, before_round=No
     )
     servers = {(hint.lower() if len(hints) > 1 else "serve"): ("--performance-hint", hint) for hint in hints}
     servers = {who: stack.enter_context(h.server(build, *a, *extra)) for who, a in servers.items()}
+    for variant in args.variant:
+        servers[variant] = stack.enter_context(h.server(build, *extra, *shlex.split(variant)))
     for i, tree in enumerate(args.tree):
         servers[f"tree{i + 1}" if len(args.tree) > 1 else "base"] = stack.enter_context(
             h.server(build, *shlex.split(args.server_args), tree=tree)  # no shm cells: older trees lack it
