@@ -134,6 +134,44 @@ def test_adaptive_serves_concurrent_callers_with_the_same_answers(nano_build: Pa
         assert runs["streams_b1"] > 0  # samples ran beside each other on the batch-1 streams compile
 
 
+def test_a_batch_limit_of_one_runs_every_sample_alone_on_one_fewer_compile(nano_build: Path) -> None:
+    """``max_batch=1`` (serve --batch-limit 1): concurrent callers and an 8-sample infer all run as
+    single samples with the reference's answers; ADAPTIVE's streams use the batch-1 compile only (no
+    request on a dynamic one), so warm-up creates fewer infer requests than at the build's max batch."""
+    x = seeded(32, (3, 32, 32), seed=7)
+    want = reference(nano_build, x)
+    created = {}
+    for limit in (None, 1):
+        with veo_edge.Runtime(
+            nano_build, backend="openvino", performance_hint="ADAPTIVE", max_batch=limit
+        ) as rt:
+            created[limit] = rt.warm_up()["infer_requests"]
+            got: dict[int, np.ndarray] = {}
+
+            def caller(t: int, rt=rt, got=got) -> None:
+                for i in range(t, 32, 4):
+                    got[i] = rt.submit(x[i]).result(timeout=60)
+
+            threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            whole = rt.infer(x[:8])
+            stats, runs = rt.stats(), rt.describe().get("adaptive_runs")
+        assert max(float(np.abs(got[i] - want[i]).max()) for i in range(32)) <= tolerance(nano_build)
+        assert float(np.abs(whole - want[:8]).max()) <= tolerance(nano_build)
+        if limit == 1:
+            assert rt.max_batch == 1 and set(stats["batch_size_counts"]) == {1}
+            assert stats["batches"] == 32 + 8
+            if runs is not None:
+                assert runs["streams"] == 0  # no batch on the dynamic compile
+    if runs is not None:
+        assert created[1] < created[None]
+    with pytest.raises(UsageError, match=r"max_batch must lie in 1\.\.8 \(the build's\), got 9"):
+        veo_edge.Runtime(nano_build, max_batch=9)
+
+
 def test_unknown_performance_hint_is_refused(nano_build: Path) -> None:
     with pytest.raises(
         UsageError, match="unknown performance hint 'FAST'; choose one of: LATENCY, THROUGHPUT, ADAPTIVE"

@@ -63,3 +63,23 @@ def test_a_warmed_server_creates_no_infer_request_under_traffic(serve, nano_buil
         assert after == before
     else:
         assert after > before
+
+
+def test_a_batch_limit_of_one_runs_every_batch_size_as_single_samples(serve, nano_build) -> None:
+    """``--batch-limit 1``: warm-up runs batch 1 only; requests of every size up to the build's max batch
+    are still accepted and answered as the build answers them, each run as single samples (Triton's
+    batch statistics have size 1 alone), creating no infer request; the config says so."""
+    max_batch = BuildDir.open(nano_build).max_batch
+    server = serve(nano_build, "--batch-limit", "1")
+    warmed = _WARMED.search(server.log.read_text())
+    assert warmed and warmed.group(1) == "1"
+    before = _infer_requests(server)
+    _traffic(server, max_batch)
+    assert _infer_requests(server) == before
+    status, config = server.get_json("/v2/models/vit-nano/config")
+    assert status == 200
+    assert config["max_batch_size"] == max_batch and config["dynamic_batching"]["preferred_batch_size"] == [1]
+    status, stats = server.get_json("/v2/models/vit-nano/stats")
+    assert status == 200
+    sizes = {int(b["batch_size"]) for b in stats["model_stats"][0]["batch_stats"]}
+    assert sizes == {1}

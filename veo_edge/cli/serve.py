@@ -29,6 +29,14 @@ def serve(
     ),
     max_queue: int = typer.Option(256, "--max-queue", help="Samples queued before requests get 503."),
     max_queue_delay_ms: float = typer.Option(2.0, "--max-queue-delay-ms", help="Batching window."),
+    batch_limit: int = typer.Option(
+        None,
+        "--batch-limit",
+        help="Largest batch run on the backend (default: each build's --max-batch): concurrent requests "
+        "are batched up to it, a request with more samples runs in parts. 1: no batching, and ADAPTIVE "
+        "compiles twice, not three times (for CPUs where OpenVINO runs batches slower per sample than "
+        "single samples: docs/serving.md).",
+    ),
     lone_max_ms: float = typer.Option(
         50.0,
         "--lone-max-ms",
@@ -94,7 +102,8 @@ def serve(
         "--performance-hint",
         help="OpenVINO: LATENCY (one request at a time, all cores), THROUGHPUT (streams in parallel) or "
         "ADAPTIVE (LATENCY at batch 1 for a sample that runs alone, streams under concurrent load "
-        "and for larger batches, two batches in flight per stream; three compiles in memory).",
+        "and for larger batches, two batches in flight per stream; three compiles in memory, two with "
+        "--batch-limit 1).",
     ),
 ) -> None:
     """Serve builds over HTTP and gRPC (KServe v2 / Triton protocol, /metrics); SIGTERM drains, exits 0.
@@ -140,6 +149,8 @@ def serve(
         raise UsageError(f"--drain-timeout {drain_timeout} must be 0 (no wait) or more")
     if max_queue < 1:  # the runtime checks these too, under its own (Python) names
         raise UsageError(f"--max-queue {max_queue} must be at least 1 (samples queued before a 503)")
+    if batch_limit is not None and batch_limit < 1:
+        raise UsageError(f"--batch-limit {batch_limit} must be at least 1 (1: no batching)")
     if max_queue_delay_ms < 0:
         raise UsageError(f"--max-queue-delay-ms {max_queue_delay_ms} must be 0 (no batching window) or more")
     recover_s = (
@@ -180,6 +191,7 @@ def serve(
                 threads=threads,
                 performance_hint=performance_hint.upper(),
                 recover_interval_s=recover_s,
+                max_batch=min(batch_limit, build.max_batch) if batch_limit else None,
             ).start()
 
         return make

@@ -14,9 +14,15 @@ log = logging.getLogger("veo_edge.runtime")
 
 
 def cpu_runner(
-    build: BuildDir, backend: str, threads: int | None = None, performance_hint: str = "LATENCY"
+    build: BuildDir,
+    backend: str,
+    threads: int | None = None,
+    performance_hint: str = "LATENCY",
+    max_batch: int | None = None,
 ) -> Runner:
-    """The CPU runner ``backend`` over ``build``'s plain artifacts (``performance_hint``: OpenVINO's)."""
+    """The CPU runner ``backend`` over ``build``'s plain artifacts (``performance_hint``: OpenVINO's;
+    ``max_batch``: the largest batch it runs, default the build's)."""
+    max_batch = max_batch or build.max_batch
     if backend == "openvino":
         from veo_edge.runtime.backends.openvino import OpenVinoRunner
 
@@ -26,7 +32,7 @@ def cpu_runner(
         xml = build.artifact("openvino_int8_xml" if precision == "int8" else "openvino_xml")
         return OpenVinoRunner(
             xml,
-            max_batch=build.max_batch,
+            max_batch=max_batch,
             threads=threads,
             precision=precision,
             hint=performance_hint,
@@ -34,7 +40,7 @@ def cpu_runner(
     if backend == "onnxruntime":
         from veo_edge.runtime.backends.onnxruntime import OnnxRuntimeRunner
 
-        return OnnxRuntimeRunner(build.artifact("onnx"), max_batch=build.max_batch, threads=threads)
+        return OnnxRuntimeRunner(build.artifact("onnx"), max_batch=max_batch, threads=threads)
     raise UsageError(f"unknown CPU backend {backend!r}; choose one of: {', '.join(CPU_BACKENDS)}")
 
 

@@ -153,13 +153,19 @@ def artifacts_of(name: str, build: BuildDir) -> list[str]:
 
 
 def make_runner(
-    name: str, build: BuildDir, threads: int | None = None, performance_hint: str = "LATENCY", **options: Any
+    name: str,
+    build: BuildDir,
+    threads: int | None = None,
+    performance_hint: str = "LATENCY",
+    max_batch: int | None = None,
+    **options: Any,
 ):
-    """The (inactive) runner for candidate ``name`` over ``build``'s artifacts."""
+    """The (inactive) runner for candidate ``name`` over ``build``'s artifacts; ``max_batch``: the largest
+    batch it will be given (default: the build's), which lets the CPU runners compile less."""
     if name in ("openvino", "onnxruntime"):
         from veo_edge.runtime.loaders import cpu_runner
 
-        return cpu_runner(build, name, threads=threads, performance_hint=performance_hint)
+        return cpu_runner(build, name, threads, performance_hint, max_batch=max_batch)
     if name == "onnxruntime-cuda":
         from veo_edge.runtime.backends.onnxruntime import OnnxRuntimeRunner
 

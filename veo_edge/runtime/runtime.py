@@ -71,6 +71,7 @@ class Runtime:
         concurrency: int | None = None,
         performance_hint: str = "LATENCY",
         fault_clock: Callable[[], float] | None = None,
+        max_batch: int | None = None,
     ) -> None:
         self.build = build_dir if isinstance(build_dir, BuildDir) else BuildDir.open(build_dir)
         self.backend = backend
@@ -108,7 +109,12 @@ class Runtime:
         # OpenVINO: LATENCY, THROUGHPUT streams in parallel, or ADAPTIVE (both; see backends/openvino.py)
         self.performance_hint = performance_hint
         manifest = self.build.manifest
-        self.max_batch = self.build.max_batch
+        if max_batch is not None and not 1 <= max_batch <= self.build.max_batch:
+            raise UsageError(
+                f"max_batch must lie in 1..{self.build.max_batch} (the build's), got {max_batch}"
+            )
+        #: the largest batch run on a backend (default: the build's); larger inputs run in parts of it
+        self.max_batch = max_batch or self.build.max_batch
         self.input_shape = tuple(int(d) for d in manifest["input_shape"])
         self.input_name = manifest["inputs"][0]["name"]
         self.input_dtype = np.dtype(manifest["inputs"][0]["dtype"])
@@ -176,7 +182,9 @@ class Runtime:
             sizes = range(1, self.max_batch + 1)
         sizes = sorted(set(int(b) for b in sizes))
         if not sizes or not 1 <= sizes[0] <= sizes[-1] <= self.max_batch:
-            raise UsageError(f"warm-up batch sizes must lie in 1..{self.max_batch} (the build's --max-batch)")
+            raise UsageError(
+                f"warm-up batch sizes must lie in 1..{self.max_batch} (the build's --max-batch or max_batch)"
+            )
         start = time.perf_counter()
         with self._backends.gate:  # exclusive: no batch runs, no backend switches while warming
             runner = self._backends.runner
@@ -244,7 +252,8 @@ class Runtime:
                 outs.append(self._run_batch(chunk))
                 ok = True
             finally:
-                self._count_sync(len(chunk), (time.perf_counter_ns() - start) / 1e3, ok)
+                with self._state_lock:
+                    self._sync.count(len(chunk), (time.perf_counter_ns() - start) / 1e3, ok)
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
     def submit(self, sample: np.ndarray, arrival: Arrival | None = None) -> Future:
@@ -306,18 +315,6 @@ class Runtime:
         if not self._started:
             raise UsageError("the runtime is not started; call start() or use it in a with-block")
 
-    def _count_sync(self, n: int, us: float, ok: bool) -> None:
-        with self._state_lock:
-            s = self._sync
-            s.batches += 1
-            s.batch_size_counts[n] = s.batch_size_counts.get(n, 0) + 1
-            if ok:
-                s.requests_success += n
-            else:
-                s.requests_failure += n
-            s.request_us_total += us * n
-            s.compute_us_total += us
-
     # -- selection and fallback -------------------------------------------------------------------
     def _make(self, name: str) -> Runner:
         gpu_options = {"gpu": self.gpu} if name == "tensorrt" else {}
@@ -327,6 +324,7 @@ class Runtime:
             threads=self.threads,
             performance_hint=self.performance_hint,
             gpu_memory_budget=self.gpu_memory_budget,
+            max_batch=self.max_batch,
             **gpu_options,
         )
         return self._fault_plan.wrap(runner, name)

@@ -64,6 +64,17 @@ class RuntimeState:
 class SyncCounters(BatcherStats):
     """Counters of the synchronous ``infer`` path, in the batcher's form so the two can be added."""
 
+    def count(self, n: int, us: float, ok: bool) -> None:
+        """One batch of ``n`` samples that took ``us`` microseconds (the caller holds its lock)."""
+        self.batches += 1
+        self.batch_size_counts[n] = self.batch_size_counts.get(n, 0) + 1
+        if ok:
+            self.requests_success += n
+        else:
+            self.requests_failure += n
+        self.request_us_total += us * n
+        self.compute_us_total += us
+
     def add(self, other: BatcherStats) -> dict[str, Any]:
         sizes = dict(self.batch_size_counts)
         for k, v in other.batch_size_counts.items():

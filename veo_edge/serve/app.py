@@ -229,7 +229,8 @@ class InferenceService:
         runtime = self.runtime
         backend = (runtime.state.to_dict().get("active_backend") if runtime is not None else None) or "none"
         delay_ms = float(getattr(runtime, "max_queue_delay_ms", 2.0)) if runtime is not None else 2.0
-        return extensions.model_config(m, self.labels, backend, delay_ms, self._precision())
+        limit = int(getattr(runtime, "max_batch", m.max_batch))  # serve --batch-limit
+        return extensions.model_config(m, self.labels, backend, delay_ms, self._precision(), limit)
 
     def model_labels(self, name: str) -> list[str] | None:
         """The class labels of model ``name`` (the classification extension), when the build has them."""

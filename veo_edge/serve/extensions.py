@@ -25,9 +25,15 @@ def model_metadata(m: ModelSpec, precision: str) -> dict[str, Any]:
 
 
 def model_config(
-    m: ModelSpec, labels: list[str] | None, backend: str, max_queue_delay_ms: float, precision: str
+    m: ModelSpec,
+    labels: list[str] | None,
+    backend: str,
+    max_queue_delay_ms: float,
+    precision: str,
+    batch_limit: int | None = None,
 ) -> dict[str, Any]:
-    """Triton's model configuration, enough for tritonclient, perf_analyzer and model_analyzer."""
+    """Triton's model configuration, enough for tritonclient, perf_analyzer and model_analyzer;
+    ``batch_limit``: the largest batch the server runs (``serve --batch-limit``; default the build's)."""
 
     def tensor(t):  # dims without the batch axis, as Triton writes them when max_batch_size > 0
         entry = {
@@ -49,7 +55,7 @@ def model_config(
         "input": [tensor(t) for t in m.inputs],
         "output": [tensor(t) for t in m.outputs],
         "dynamic_batching": {
-            "preferred_batch_size": [m.max_batch],
+            "preferred_batch_size": [batch_limit or m.max_batch],
             "max_queue_delay_microseconds": int(max_queue_delay_ms * 1000),
         },
         "parameters": {"precision": {"string_value": precision}},

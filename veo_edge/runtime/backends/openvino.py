@@ -211,6 +211,8 @@ class OpenVinoRunner(Runner):
             model = core.read_model(str(self.model))
         except Exception as e:
             raise ModelLoadError(f"OpenVINO could not read {self.model}: {e}") from e
+        if self.max_batch == 1:  # batch 1 only: every compile static, ADAPTIVE's streams one compile
+            model = _batch_of_one(model)
         served, self.precision_note = resolve_precision(self.precision, self.has_native_bf16)
         if self.precision_note:
             log.warning("%s: %s", self.model, self.precision_note)
@@ -232,7 +234,8 @@ class OpenVinoRunner(Runner):
             self._latency = self._compile(
                 core, _batch_of_one(model), compile_config(compute, self.threads, "LATENCY")
             )
-            self._single = self._compile(core, _batch_of_one(model), config)
+            one = self.max_batch == 1  # the streams compile is already the batch-1 one
+            self._single = self._compiled if one else self._compile(core, _batch_of_one(model), config)
             self._dynamic_gate = threading.BoundedSemaphore(self.parallel)
             self.concurrency = self.parallel * QUEUED_PER_STREAM
         self.served_precision = served
