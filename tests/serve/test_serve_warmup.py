@@ -68,9 +68,10 @@ def test_a_warmed_server_creates_no_infer_request_under_traffic(serve, nano_buil
 def test_a_batch_limit_of_one_runs_every_batch_size_as_single_samples(serve, nano_build) -> None:
     """``--batch-limit 1``: warm-up runs batch 1 only; requests of every size up to the build's max batch
     are still accepted and answered as the build answers them, each run as single samples (Triton's
-    batch statistics have size 1 alone), creating no infer request; the config says so."""
+    batch statistics have size 1 alone), creating no infer request; the config says so. Set through
+    the environment, as ``deploy --env VEO_EDGE_BATCH_LIMIT=1`` sets it in a container."""
     max_batch = BuildDir.open(nano_build).max_batch
-    server = serve(nano_build, "--batch-limit", "1")
+    server = serve(nano_build, env={"VEO_EDGE_BATCH_LIMIT": "1"})
     warmed = _WARMED.search(server.log.read_text())
     assert warmed and warmed.group(1) == "1"
     before = _infer_requests(server)

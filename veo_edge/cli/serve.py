@@ -32,6 +32,7 @@ def serve(
     batch_limit: int = typer.Option(
         None,
         "--batch-limit",
+        envvar="VEO_EDGE_BATCH_LIMIT",
         help="Largest batch run on the backend (default: each build's --max-batch): concurrent requests "
         "are batched up to it, a request with more samples runs in parts. 1: no batching, and ADAPTIVE "
         "compiles twice, not three times (for CPUs where OpenVINO runs batches slower per sample than "
