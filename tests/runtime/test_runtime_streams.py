@@ -168,8 +168,9 @@ def test_a_batch_limit_of_one_runs_every_sample_alone_on_one_fewer_compile(nano_
                 assert runs["streams"] == 0  # no batch on the dynamic compile
     if runs is not None:
         assert created[1] < created[None]
-    with pytest.raises(UsageError, match=r"max_batch must lie in 1\.\.8 \(the build's\), got 9"):
-        veo_edge.Runtime(nano_build, max_batch=9)
+    for bad in (9, 0, 1.5, True):
+        with pytest.raises(UsageError, match=rf"max_batch must lie in 1\.\.8 \(the build's\), got {bad}"):
+            veo_edge.Runtime(nano_build, max_batch=bad)
 
 
 def test_unknown_performance_hint_is_refused(nano_build: Path) -> None:

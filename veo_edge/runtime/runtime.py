@@ -109,10 +109,9 @@ class Runtime:
         # OpenVINO: LATENCY, THROUGHPUT streams in parallel, or ADAPTIVE (both; see backends/openvino.py)
         self.performance_hint = performance_hint
         manifest = self.build.manifest
-        if max_batch is not None and not 1 <= max_batch <= self.build.max_batch:
-            raise UsageError(
-                f"max_batch must lie in 1..{self.build.max_batch} (the build's), got {max_batch}"
-            )
+        top = self.build.max_batch
+        if max_batch is not None and (type(max_batch) is not int or not 1 <= max_batch <= top):
+            raise UsageError(f"max_batch must lie in 1..{top} (the build's), got {max_batch}")
         #: the largest batch run on a backend (default: the build's); larger inputs run in parts of it
         self.max_batch = max_batch or self.build.max_batch
         self.input_shape = tuple(int(d) for d in manifest["input_shape"])
