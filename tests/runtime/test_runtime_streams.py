@@ -108,23 +108,29 @@ def test_adaptive_runs_a_lone_sample_at_a_fixed_batch_of_one_and_splits_a_lone_b
         assert float(np.abs(got - want[:b]).max()) <= tolerance(nano_build)
 
 
+def _closed_loop(rt, x: np.ndarray, clients: int) -> dict[int, np.ndarray]:
+    """``x``'s samples submitted by ``clients`` threads, each sending its next once the last is answered."""
+    got: dict[int, np.ndarray] = {}
+
+    def caller(t: int) -> None:
+        for i in range(t, len(x), clients):
+            got[i] = rt.submit(x[i]).result(timeout=60)
+
+    threads = [threading.Thread(target=caller, args=(t,)) for t in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return got
+
+
 def test_adaptive_serves_concurrent_callers_with_the_same_answers(nano_build: Path) -> None:
     x = seeded(64, (3, 32, 32), seed=6)
     want = reference(nano_build, x)
     with veo_edge.Runtime(nano_build, backend="openvino", performance_hint="ADAPTIVE") as rt:
         slots = rt.describe()["infer_requests_in_flight"]
         assert rt._batcher.slots == slots
-        got: dict[int, np.ndarray] = {}
-
-        def caller(t: int) -> None:
-            for i in range(t, 64, 4):  # closed loop: the next sample once the last is answered
-                got[i] = rt.submit(x[i]).result(timeout=60)
-
-        threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        got = _closed_loop(rt, x, clients=4)
         stats, runs = rt.stats(), rt.describe().get("adaptive_runs")
     assert sorted(got) == list(range(64))
     assert max(float(np.abs(got[i] - want[i]).max()) for i in range(64)) <= tolerance(nano_build)
@@ -146,17 +152,7 @@ def test_a_batch_limit_of_one_runs_every_sample_alone_on_one_fewer_compile(nano_
             nano_build, backend="openvino", performance_hint="ADAPTIVE", max_batch=limit
         ) as rt:
             created[limit] = rt.warm_up()["infer_requests"]
-            got: dict[int, np.ndarray] = {}
-
-            def caller(t: int, rt=rt, got=got) -> None:
-                for i in range(t, 32, 4):
-                    got[i] = rt.submit(x[i]).result(timeout=60)
-
-            threads = [threading.Thread(target=caller, args=(t,)) for t in range(4)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            got = _closed_loop(rt, x, clients=4)
             whole = rt.infer(x[:8])
             stats, runs = rt.stats(), rt.describe().get("adaptive_runs")
         assert max(float(np.abs(got[i] - want[i]).max()) for i in range(32)) <= tolerance(nano_build)
