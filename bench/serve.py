@@ -46,6 +46,7 @@ SERVED = {
     "errors": ("errors", "{}"),
     "batch": ("mean batch", "{:.2f}"),
     "cpu_ms": ("server CPU ms/req", "{:.2f}"),
+    "rounds": ("samples/s each round", "{}"),
 }
 
 
@@ -135,18 +136,21 @@ def served_cells(args, build: Path, stack: contextlib.ExitStack, before_round=No
         pct = report.percentiles([v for r in rs for v in r["lat"]]) if "lat" in rs[0] else None
         pct = pct or {q: report.median(r[q] for r in rs) for q in ("p50", "p90", "p99")}
         execs = sum(r.get("executions", 0) for r in rs)
+        scale = args.batch if path == "infer" else 1  # requests/s -> samples/s
         table.add(
             who=who,
             transport=transport,
             path=path,
             clients=k,
-            samples_s=report.median(r["rate"] for r in rs) * (args.batch if path == "infer" else 1),
+            samples_s=report.median(r["rate"] for r in rs) * scale,
             p50_ms=pct["p50"],
             p90_ms=pct.get("p90"),
             p99_ms=pct["p99"],
             errors=sum(r["errors"] for r in rs),
             batch=sum(r.get("inferences", 0) for r in rs) / execs if execs else None,
             cpu_ms=report.median(r["cpu_ms"] for r in rs) if "cpu_ms" in rs[0] else None,
+            # the spread between rounds shows how far the machine moved: a difference inside it is noise
+            rounds=", ".join(f"{r['rate'] * scale:.1f}" for r in rs) if len(rs) > 1 else None,
         )
     return table
 
