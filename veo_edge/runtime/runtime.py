@@ -113,7 +113,7 @@ class Runtime:
         if max_batch is not None and (type(max_batch) is not int or not 1 <= max_batch <= top):
             raise UsageError(f"max_batch must lie in 1..{top} (the build's), got {max_batch}")
         #: the largest batch run on a backend (default: the build's); larger inputs run in parts of it
-        self.max_batch = max_batch or self.build.max_batch
+        self.max_batch = max_batch or top
         self.input_shape = tuple(int(d) for d in manifest["input_shape"])
         self.input_name = manifest["inputs"][0]["name"]
         self.input_dtype = np.dtype(manifest["inputs"][0]["dtype"])

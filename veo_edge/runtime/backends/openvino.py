@@ -231,11 +231,11 @@ class OpenVinoRunner(Runner):
             else max(1, int(self._compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")))
         )
         if adaptive and self.parallel > 1:  # one stream only (one core): nothing to adapt between
-            self._latency = self._compile(
-                core, _batch_of_one(model), compile_config(compute, self.threads, "LATENCY")
-            )
-            one = self.max_batch == 1  # the streams compile is already the batch-1 one
-            self._single = self._compiled if one else self._compile(core, _batch_of_one(model), config)
+            # one batch-1 copy for both batch-1 compiles (compile_model leaves it as it is); with
+            # max_batch 1 the model is that copy already and the streams compile is the batch-1 one
+            one = model if self.max_batch == 1 else _batch_of_one(model)
+            self._latency = self._compile(core, one, compile_config(compute, self.threads, "LATENCY"))
+            self._single = self._compiled if one is model else self._compile(core, one, config)
             self._dynamic_gate = threading.BoundedSemaphore(self.parallel)
             self.concurrency = self.parallel * QUEUED_PER_STREAM
         self.served_precision = served
