@@ -164,9 +164,55 @@ def test_a_batch_limit_of_one_runs_every_sample_alone_on_one_fewer_compile(nano_
                 assert runs["streams"] == 0  # no batch on the dynamic compile
     if runs is not None:
         assert created[1] < created[None]
-    for bad in (9, 0, 1.5, True):
-        with pytest.raises(UsageError, match=rf"max_batch must lie in 1\.\.8 \(the build's\), got {bad}"):
+    for bad in (9, 0, 1.5, True, "all"):
+        with pytest.raises(
+            UsageError, match=rf"max_batch must be 'auto' or lie in 1\.\.8 \(the build's\), got {bad!r}"
+        ):
             veo_edge.Runtime(nano_build, max_batch=bad)
+
+
+@pytest.mark.parametrize(
+    ("pays", "faults"),
+    [(False, None), (False, {"openvino": {"once_at_s": 3600}}), (True, None)],
+    ids=["batch-1", "batch-1-behind-a-fault-wrapper", "batched"],
+)
+def test_max_batch_auto_measures_whether_batches_pay_and_answers_the_same(
+    nano_build: Path, monkeypatch: pytest.MonkeyPatch, pays: bool, faults
+) -> None:
+    """``max_batch="auto"`` (serve's default): ADAPTIVE keeps its compiles full at batch 4 and at batch 1
+    when it activates; where batches reach ``PAYS`` times the samples/s it keeps the build's max batch,
+    else it runs batch 1 only and lets the dynamic compile go. The threshold is set here to force each
+    outcome (which one a CPU gets is timing: bench/); the answers are the reference's either way, also
+    behind the fault wrapper (the warm check's canary runs at the limit the backend settled on)."""
+    from veo_edge.runtime.backends import openvino_batching
+
+    monkeypatch.setattr(openvino_batching, "PAYS", 0.0 if pays else float("inf"))
+    x = seeded(32, (3, 32, 32), seed=8)
+    want = reference(nano_build, x)
+    with veo_edge.Runtime(
+        nano_build,
+        backend="openvino",
+        performance_hint="ADAPTIVE",
+        max_batch="auto",
+        faults=faults,
+        fault_clock=lambda: 0.0,
+    ) as rt:
+        measured = rt.describe().get("batching")
+        if rt.describe()["streams"] == 1:
+            assert measured is None and rt.max_batch == 8  # one stream: ADAPTIVE is LATENCY alone
+            pytest.skip("one OpenVINO stream on this machine: nothing to measure")
+        assert measured["measured_batch"] == 4 and measured["batching_pays"] is pays
+        assert measured["single_samples_per_s"] > 0 and measured["batched_over_single"] > 0
+        assert rt.max_batch == (8 if pays else 1)
+        warmed = rt.warm_up()
+        got = _closed_loop(rt, x, clients=4)
+        whole = rt.infer(x[:8])
+        stats, runs = rt.stats(), rt.describe()["adaptive_runs"]
+    assert warmed["batch_sizes"] == list(range(1, rt.max_batch + 1))
+    assert max(float(np.abs(got[i] - want[i]).max()) for i in range(32)) <= tolerance(nano_build)
+    assert float(np.abs(whole - want[:8]).max()) <= tolerance(nano_build)
+    if not pays:
+        assert set(stats["batch_size_counts"]) == {1} and runs["streams"] == 0
 
 
 def test_unknown_performance_hint_is_refused(nano_build: Path) -> None:

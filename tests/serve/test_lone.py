@@ -138,7 +138,12 @@ def test_one_slow_request_does_not_turn_it_off(caplog):
         ("--max-queue-delay-ms", "-1", "--max-queue-delay-ms -1.0 must be 0 (no batching window) or more"),
         ("--infer-timeout", "0", "--infer-timeout 0.0 must be positive"),  # was accepted: every infer 504
         ("--drain-timeout", "-1", "--drain-timeout -1.0 must be 0 (no wait) or more"),
-        ("--batch-limit", "0", "--batch-limit 0 must be at least 1 (1: no batching)"),
+        ("--batch-limit", "0", "--batch-limit 0 must be auto or a count of at least 1 (1: no batching)"),
+        (
+            "--batch-limit",
+            "some",
+            "--batch-limit some must be auto or a count of at least 1 (1: no batching)",
+        ),
     ],
 )
 def test_a_bad_bound_is_refused_in_one_line_by_its_flag(nano_build, tmp_path, flag, value, message):

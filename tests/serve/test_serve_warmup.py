@@ -46,7 +46,8 @@ def _traffic(server, max_batch: int) -> None:
 @pytest.mark.parametrize("warm", [True, False], ids=["warmup", "no-warmup"])
 def test_a_warmed_server_creates_no_infer_request_under_traffic(serve, nano_build, warm: bool) -> None:
     max_batch = BuildDir.open(nano_build).max_batch
-    server = serve(nano_build, *([] if warm else ["--no-warmup"]))
+    # every size batched: the build's max batch stated (auto could measure batch 1 worth more on a CPU)
+    server = serve(nano_build, "--batch-limit", str(max_batch), *([] if warm else ["--no-warmup"]))
     log = server.log.read_text()
     warmed = _WARMED.search(log)
     before = _infer_requests(server)
@@ -84,3 +85,29 @@ def test_a_batch_limit_of_one_runs_every_batch_size_as_single_samples(serve, nan
     assert status == 200
     sizes = {int(b["batch_size"]) for b in stats["model_stats"][0]["batch_stats"]}
     assert sizes == {1}
+
+
+def test_the_default_batch_limit_is_measured_at_start_and_stated(serve, nano_build) -> None:
+    """``--batch-limit auto`` (the default): OpenVINO ADAPTIVE measures batches of 4 against single
+    samples before traffic; the warm-up line states the limit it chose with the measured ratio, the
+    config's preferred batch size and the batches that traffic runs agree with it, and requests of every
+    size are answered as the build answers them. Which limit this CPU gets is timing (bench/), not
+    asserted; tests/runtime/test_runtime_streams.py sets the threshold to force each."""
+    max_batch = BuildDir.open(nano_build).max_batch
+    server = serve(nano_build)
+    log = server.log.read_text()
+    chosen = re.search(
+        r"warmed batch sizes 1\.\.(\d+) on openvino .*; batch limit (\d+): batches of 4 ran "
+        r"(\d+\.\d+)x the samples/s of single samples on this CPU",
+        log,
+    )
+    assert chosen, log
+    limit = int(chosen.group(2))
+    assert int(chosen.group(1)) == limit and limit in (1, max_batch)
+    assert (float(chosen.group(3)) >= 1.1) == (limit == max_batch)
+    status, config = server.get_json("/v2/models/vit-nano/config")
+    assert status == 200 and config["dynamic_batching"]["preferred_batch_size"] == [limit]
+    _traffic(server, max_batch)
+    status, stats = server.get_json("/v2/models/vit-nano/stats")
+    assert status == 200
+    assert max(int(b["batch_size"]) for b in stats["model_stats"][0]["batch_stats"]) <= limit

@@ -29,14 +29,15 @@ def serve(
     ),
     max_queue: int = typer.Option(256, "--max-queue", help="Samples queued before requests get 503."),
     max_queue_delay_ms: float = typer.Option(2.0, "--max-queue-delay-ms", help="Batching window."),
-    batch_limit: int = typer.Option(
-        None,
+    batch_limit: str = typer.Option(
+        "auto",
         "--batch-limit",
         envvar="VEO_EDGE_BATCH_LIMIT",
-        help="Largest batch run on the backend (default: each build's --max-batch): concurrent requests "
-        "are batched up to it, a request with more samples runs in parts. 1: no batching, and ADAPTIVE "
-        "compiles twice, not three times (for CPUs where OpenVINO runs batches slower per sample than "
-        "single samples: docs/serving.md).",
+        help="Largest batch run on the backend, up to each build's --max-batch: concurrent requests are "
+        "batched up to it, a request with more samples runs in parts. auto: OpenVINO ADAPTIVE measures at "
+        "start whether batches run more samples/s than single samples on this CPU, and runs batch 1 where "
+        "they do not (1.1x needed; other backends: the build's). 1: no batching, and ADAPTIVE compiles "
+        "twice, not three times (docs/serving.md).",
     ),
     lone_max_ms: float = typer.Option(
         50.0,
@@ -104,7 +105,7 @@ def serve(
         help="OpenVINO: LATENCY (one request at a time, all cores), THROUGHPUT (streams in parallel) or "
         "ADAPTIVE (LATENCY at batch 1 for a sample that runs alone, streams under concurrent load "
         "and for larger batches, two batches in flight per stream; three compiles in memory, two with "
-        "--batch-limit 1).",
+        "--batch-limit 1 or where auto finds that batches do not pay).",
     ),
 ) -> None:
     """Serve builds over HTTP and gRPC (KServe v2 / Triton protocol, /metrics); SIGTERM drains, exits 0.
@@ -150,8 +151,7 @@ def serve(
         raise UsageError(f"--drain-timeout {drain_timeout} must be 0 (no wait) or more")
     if max_queue < 1:  # the runtime checks these too, under its own (Python) names
         raise UsageError(f"--max-queue {max_queue} must be at least 1 (samples queued before a 503)")
-    if batch_limit is not None and batch_limit < 1:
-        raise UsageError(f"--batch-limit {batch_limit} must be at least 1 (1: no batching)")
+    limit = parse_batch_limit(batch_limit)
     if max_queue_delay_ms < 0:
         raise UsageError(f"--max-queue-delay-ms {max_queue_delay_ms} must be 0 (no batching window) or more")
     recover_s = (
@@ -192,7 +192,7 @@ def serve(
                 threads=threads,
                 performance_hint=performance_hint.upper(),
                 recover_interval_s=recover_s,
-                max_batch=min(batch_limit, build.max_batch) if batch_limit else None,
+                max_batch=limit if limit == "auto" else min(limit, build.max_batch),
             ).start()
 
         return make
@@ -201,6 +201,18 @@ def serve(
     makers = {entry.name: runtime_for(entry.build) for entry in find_models(build_dirs, model_name)}
     # the ports are bound first (a taken one fails at once), then each model's runtime is made
     raise typer.Exit(_run(serve_async(None, options, make_runtime=makers)))
+
+
+def parse_batch_limit(value: str) -> int | str:
+    """``--batch-limit``: "auto" or a count of at least 1."""
+    from veo_edge.errors import UsageError
+
+    text = value.strip().lower()
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"--batch-limit {value} must be auto or a count of at least 1 (1: no batching)")
+    return int(text)
 
 
 def _run(coro):

@@ -351,6 +351,7 @@ class FaultyRunner(Runner):
                 f"remove it from the faults or ${ENV_VAR} to use this backend"
             )
         self.inner.activate()
+        self.max_batch = self.inner.max_batch  # a backend may settle on less when it activates
 
     def _deactivate(self) -> None:
         self.inner.deactivate()
@@ -384,6 +385,9 @@ class FaultyRunner(Runner):
                 raise InjectedDeviceLostError(f"device lost: {msg}")
             raise InjectedBackendError(msg)
         return self.inner.infer(feed)
+
+    def measured_batch_limit(self) -> int | None:
+        return self.inner.measured_batch_limit()
 
     def warm_up(self, sizes: Sequence[int], in_flight: int = 1) -> int:
         # straight to the real runner: warming is not traffic, so it neither counts toward nor fires a fault

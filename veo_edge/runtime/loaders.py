@@ -19,9 +19,11 @@ def cpu_runner(
     threads: int | None = None,
     performance_hint: str = "LATENCY",
     max_batch: int | None = None,
+    measure_batching: bool = False,
 ) -> Runner:
     """The CPU runner ``backend`` over ``build``'s plain artifacts (``performance_hint``: OpenVINO's;
-    ``max_batch``: the largest batch it runs, default the build's)."""
+    ``max_batch``: the largest batch it runs, default the build's; ``measure_batching``: OpenVINO
+    ADAPTIVE measures whether batches pay, see :mod:`veo_edge.runtime.backends.openvino_batching`)."""
     max_batch = max_batch or build.max_batch
     if backend == "openvino":
         from veo_edge.runtime.backends.openvino import OpenVinoRunner
@@ -36,6 +38,7 @@ def cpu_runner(
             threads=threads,
             precision=precision,
             hint=performance_hint,
+            measure_batching=measure_batching,
         )
     if backend == "onnxruntime":
         from veo_edge.runtime.backends.onnxruntime import OnnxRuntimeRunner

@@ -152,20 +152,32 @@ def artifacts_of(name: str, build: BuildDir) -> list[str]:
     return ["onnx"]
 
 
+def resolve_max_batch(max_batch: int | str | None, top: int) -> tuple[int, bool]:
+    """(the runtime's max batch, whether its first backend measures it) for ``Runtime(max_batch=...)``:
+    None is the build's ``top``, an int in 1..top itself, "auto" ``top`` until the backend measured."""
+    if isinstance(max_batch, str) and max_batch == "auto":
+        return top, True
+    if max_batch is not None and (type(max_batch) is not int or not 1 <= max_batch <= top):
+        raise UsageError(f"max_batch must be 'auto' or lie in 1..{top} (the build's), got {max_batch!r}")
+    return max_batch or top, False
+
+
 def make_runner(
     name: str,
     build: BuildDir,
     threads: int | None = None,
     performance_hint: str = "LATENCY",
     max_batch: int | None = None,
+    measure_batching: bool = False,
     **options: Any,
 ):
     """The (inactive) runner for candidate ``name`` over ``build``'s artifacts; ``max_batch``: the largest
-    batch it will be given (default: the build's), which lets the CPU runners compile less."""
+    batch it will be given (default: the build's), which lets the CPU runners compile less;
+    ``measure_batching``: OpenVINO ADAPTIVE measures whether batching pays and runs batch 1 where not."""
     if name in ("openvino", "onnxruntime"):
         from veo_edge.runtime.loaders import cpu_runner
 
-        return cpu_runner(build, name, threads, performance_hint, max_batch=max_batch)
+        return cpu_runner(build, name, threads, performance_hint, max_batch, measure_batching)
     if name == "onnxruntime-cuda":
         from veo_edge.runtime.backends.onnxruntime import OnnxRuntimeRunner
 

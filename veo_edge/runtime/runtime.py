@@ -40,6 +40,7 @@ from veo_edge.runtime.policy import (
     make_runner,
     parse_memory_size,
     probe_candidate,
+    resolve_max_batch,
     resolve_policy,
 )
 from veo_edge.runtime.recovery import RecoveryClock
@@ -71,7 +72,7 @@ class Runtime:
         concurrency: int | None = None,
         performance_hint: str = "LATENCY",
         fault_clock: Callable[[], float] | None = None,
-        max_batch: int | None = None,
+        max_batch: int | str | None = None,
     ) -> None:
         self.build = build_dir if isinstance(build_dir, BuildDir) else BuildDir.open(build_dir)
         self.backend = backend
@@ -109,11 +110,9 @@ class Runtime:
         # OpenVINO: LATENCY, THROUGHPUT streams in parallel, or ADAPTIVE (both; see backends/openvino.py)
         self.performance_hint = performance_hint
         manifest = self.build.manifest
-        top = self.build.max_batch
-        if max_batch is not None and (type(max_batch) is not int or not 1 <= max_batch <= top):
-            raise UsageError(f"max_batch must lie in 1..{top} (the build's), got {max_batch}")
-        #: the largest batch run on a backend (default: the build's); larger inputs run in parts of it
-        self.max_batch = max_batch or top
+        #: the largest batch run on a backend (default: the build's; "auto": what the first backend
+        #: measured worth batching, OpenVINO ADAPTIVE, else the build's); larger inputs run in parts of it
+        self.max_batch, self._measure_batching = resolve_max_batch(max_batch, self.build.max_batch)
         self.input_shape = tuple(int(d) for d in manifest["input_shape"])
         self.input_name = manifest["inputs"][0]["name"]
         self.input_dtype = np.dtype(manifest["inputs"][0]["dtype"])
@@ -154,6 +153,8 @@ class Runtime:
             start_import_checks(self.names[1:])
             self.build.verify(sorted({k for n in self.names for k in artifacts_of(n, self.build)}))
             self._backends.activate_from(0)
+            if self._backends.runner is not None:  # max_batch "auto": what the backend measured, if it did
+                self.max_batch = self._backends.runner.measured_batch_limit() or self.max_batch
             self._backends.prepare_standby()
             self._batcher = Batcher(
                 self._run_batch,
@@ -324,6 +325,7 @@ class Runtime:
             performance_hint=self.performance_hint,
             gpu_memory_budget=self.gpu_memory_budget,
             max_batch=self.max_batch,
+            measure_batching=self._measure_batching and not self._started,
             **gpu_options,
         )
         return self._fault_plan.wrap(runner, name)

@@ -138,15 +138,16 @@ class InferenceService:
                 e,
             )
             return None
-        sizes = w["batch_sizes"]
+        sizes, measured = w["batch_sizes"], runtime.describe().get("batching")  # --batch-limit auto
         log.warning(
-            "model %r: warmed batch sizes %d..%d on %s (%d infer requests) in %.2f s",
+            "model %r: warmed batch sizes %d..%d on %s (%d infer requests) in %.2f s%s",
             self.model.name,
             sizes[0],
             sizes[-1],
             w["backend"],
             w["infer_requests"],
             w["seconds"],
+            f"; batch limit {sizes[-1]}: {measured['summary']}" if measured else "",
         )
         return w
 

@@ -169,6 +169,11 @@ class Runner(abc.ABC):
     @abc.abstractmethod
     def _infer(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
+    def measured_batch_limit(self) -> int | None:
+        """The largest batch worth running here, as the backend measured it when it activated (None: it
+        measured nothing; OpenVINO ADAPTIVE with ``measure_batching``)."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """What this runner is running on (device, providers, precision ...), for reports."""
         return {"backend": self.name}

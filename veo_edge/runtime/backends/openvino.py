@@ -163,6 +163,7 @@ class OpenVinoRunner(Runner):
         has_native_bf16: Callable[[], bool] | None = None,
         hint: str = "LATENCY",
         streams: int | None = None,
+        measure_batching: bool = False,
     ) -> None:
         super().__init__(max_batch)
         if hint not in PERFORMANCE_HINTS:
@@ -179,6 +180,10 @@ class OpenVinoRunner(Runner):
         self.precision_note: str | None = None
         self.hint = hint
         self.streams = streams
+        #: ADAPTIVE: measure at activation whether batches beat single samples; where they do not, run
+        #: batch 1 only (openvino_batching.py; ``measured`` holds what was measured)
+        self.measure_batching = measure_batching
+        self.measured: Any = None
         #: batches this runner takes at once (set at activation: 1 for LATENCY; ADAPTIVE queues
         #: QUEUED_PER_STREAM per stream)
         self.concurrency = 1
@@ -238,7 +243,22 @@ class OpenVinoRunner(Runner):
             self._single = self._compiled if one is model else self._compile(core, one, config)
             self._dynamic_gate = threading.BoundedSemaphore(self.parallel)
             self.concurrency = self.parallel * QUEUED_PER_STREAM
+            if self.measure_batching and one is not model:
+                self._measure_batching()
         self.served_precision = served
+
+    def _measure_batching(self) -> None:
+        from veo_edge.runtime.backends import openvino_batching
+
+        self.measured = openvino_batching.measure(
+            self._single, self._compiled, self._inputs, self.max_batch or 1, self.concurrency
+        )
+        if not self.measured.pays:  # batch 1 only: the dynamic compile goes, with its memory
+            self._compiled, self.max_batch = self._single, 1
+        log.info("%s: %s: batch limit %d", self.model, self.measured.describe(), self.max_batch)
+
+    def measured_batch_limit(self) -> int | None:
+        return None if self.measured is None else self.max_batch
 
     def _compile(self, core: Any, model: Any, config: dict[str, Any]) -> Any:
         compiled = core.compile_model(model, self.device, config)
@@ -374,4 +394,5 @@ class OpenVinoRunner(Runner):
             "streams": self.parallel,
             "infer_requests": self.requests_created,
             **({"adaptive_runs": dict(self.runs)} if self._latency is not None else {}),
+            **({"batching": self.measured.to_dict()} if self.measured is not None else {}),
         }

@@ -1,0 +1,97 @@
+"""Whether batching pays on this CPU for this model, measured when ADAPTIVE activates (``serve
+--batch-limit auto``, the default).
+
+On the CPU the answer depends on the model more than on the machine. Measured on one 2-vCPU AMD EPYC
+(docs/benchmarks.md, "Does batching pay on the CPU?"), OpenVINO's dynamic-batch streams at batch 4 or 8
+ran 1.2-1.9x the samples/s of the batch-1 streams on models of 4 to 37 tokens (vit-digits, 32² to 96²
+ViTs), but 0.98-1.06x on models of 65 tokens and more (vit-tiny's 197): there a batch takes as long as
+its samples one by one, so batching only makes the first samples of a batch wait for the last (at eight
+clients a third of vit-tiny's p99), and its compile and per-size infer requests hold half the memory.
+No rule on the model's size predicted it (a 3 ms and a 6 ms model both gained), so the runner measures:
+both compiles kept full for a short window each, on zeros, before any traffic.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: batching is kept when batches run at least this many times the samples/s of single samples: below
+#: it, what batching buys is inside a start-up window's noise and its tail and memory cost are not
+PAYS = 1.10
+#: the batch measured on the dynamic compile (or the build's max batch, if smaller)
+MEASURED_BATCH = 4
+#: the compiles are measured in turn, this many windows each (the machine's speed drifts within seconds)
+ROUNDS = 3
+#: each window keeps its compile full for at least this long (and for as many samples as one run of each
+#: request at the measured batch: a slow model's windows are as long as its batched runs need)
+MIN_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class BatchingMeasure:
+    """Samples/s of the batch-1 streams (``single``, the median window) and the dynamic streams' samples/s
+    at ``batch`` over theirs (``ratio``, the median of the rounds' ratios), each compile kept full."""
+
+    batch: int
+    single: float
+    ratio: float
+
+    @property
+    def pays(self) -> bool:
+        return self.ratio >= PAYS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "measured_batch": self.batch,
+            "single_samples_per_s": round(self.single, 1),
+            "batched_over_single": round(self.ratio, 3),
+            "batching_pays": self.pays,
+            "summary": self.describe(),
+        }
+
+    def describe(self) -> str:
+        return f"batches of {self.batch} ran {self.ratio:.2f}x the samples/s of single samples on this CPU"
+
+
+class _KeptFull:
+    """``jobs`` infer requests of ``compiled`` (OpenVINO's ``AsyncInferQueue``) on one feed, each run once
+    untimed (its first run sets up its memory)."""
+
+    def __init__(self, compiled: Any, feed: dict[str, np.ndarray], jobs: int) -> None:
+        import openvino as ov
+
+        self.queue, self.feed, self.jobs = ov.AsyncInferQueue(compiled, jobs), feed, jobs
+        self.batch = next(iter(feed.values())).shape[0]
+        self.window(0.0)
+
+    def window(self, seconds: float, samples: int = 0) -> float:
+        """Samples/s with every request kept busy for ``seconds``, at least one run each and at least
+        ``samples`` samples."""
+        runs, start = 0, time.perf_counter()
+        while runs < max(self.jobs, -(-samples // self.batch)) or time.perf_counter() - start < seconds:
+            self.queue.start_async(self.feed)
+            runs += 1
+        self.queue.wait_all()
+        return runs * self.batch / (time.perf_counter() - start)
+
+
+def measure(single: Any, dynamic: Any, inputs: list[Any], max_batch: int, jobs: int) -> BatchingMeasure:
+    """The batch-1 streams compile (``single``) against the dynamic one at ``min(MEASURED_BATCH,
+    max_batch)``, ``jobs`` batches in flight on each as the runner keeps them when serving, in
+    alternating windows."""
+    from veo_edge.runtime.backends.base import zeros_feed
+
+    batch = min(MEASURED_BATCH, max_batch)
+    one, many = (
+        _KeptFull(single, zeros_feed(inputs, 1), jobs),
+        _KeptFull(dynamic, zeros_feed(inputs, batch), jobs),
+    )
+    n = batch * jobs  # as many samples in each window: one run of each request at the measured batch
+    rates = [(one.window(MIN_SECONDS, n), many.window(MIN_SECONDS, n)) for _ in range(ROUNDS)]
+    ratio = statistics.median(b / a for a, b in rates)  # paired by round: the drift between rounds cancels
+    return BatchingMeasure(batch, statistics.median(a for a, _ in rates), ratio)
