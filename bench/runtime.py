@@ -3,6 +3,7 @@
     python bench/runtime.py batching   # dynamic batching by clients and queue delay; a mid-run fallback switch
     python bench/runtime.py warmup     # memory and first calls with and without `Runtime.warm_up`
     python bench/runtime.py precision  # f32 against bf16 and int8 on the CPU (OpenVINO), and vit-digits' top-1
+    python bench/runtime.py pays       # whether batching pays on this CPU, per build, and what --batch-limit auto decides
 
 Every one prints markdown tables and writes them as JSON with ``--json PATH``. Timings on a shared machine
 are noisy: read the ratios, and rerun.
@@ -259,6 +260,48 @@ def cmd_precision(args) -> None:
     report.emit([table], args.json)
 
 
+def cmd_pays(args) -> None:
+    """Per build, OpenVINO's THROUGHPUT compiles kept full at f32 with two infer requests per stream (as
+    ADAPTIVE serves): the batch-1 static compile against the dynamic one at batches 2, 4 and 8 (rounds
+    interleaved, medians; the batch-1 LATENCY sync p50 for scale), then what ``--batch-limit auto``
+    decides in ``--starts`` fresh activations of the runner (its own short windows, ratio -> limit)."""
+    import raw_ov
+
+    from veo_edge.builddir import BuildDir
+    from veo_edge.runtime.backends.openvino import OpenVinoRunner
+
+    columns = {
+        "build": ("build", "{}"),
+        "sync_ms": ("sync b1 ms", "{:.2f}"),
+        "b1": ("b1 samples/s", "{:.1f}"),
+    }
+    columns |= {f"b{b}": (f"b{b} / b1", "{:.2f}") for b in (2, 4, 8)} | {
+        "auto": ("auto: ratio -> limit", "{}")
+    }
+    table = report.Table("does batching pay (OpenVINO f32, THROUGHPUT, 2 requests per stream)", columns)
+    for path in map(Path, args.builds.split(",")):
+        _, xml = raw_ov.served_ir(path)
+        x, top = h.sample(path, 1), BuildDir.open(path).max_batch
+        single, dynamic = raw_ov.compile_ir(xml, "THROUGHPUT", True), raw_ov.compile_ir(xml, "THROUGHPUT")
+        jobs = 2 * int(single.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+        sync = raw_ov.time_sync(raw_ov.sync_request(xml, True), x, args.seconds)["p50"]
+        rates: dict[int, list[float]] = {b: [] for b in (1, 2, 4, 8) if b <= top}
+        for _ in range(args.rounds):
+            for b, got in rates.items():
+                x_b = np.ascontiguousarray(np.repeat(x, b, 0))
+                got.append(raw_ov.keep_full(single if b == 1 else dynamic, x_b, args.seconds, jobs)["rate"])
+        med = {b: statistics.median(v) for b, v in rates.items()}
+        decided = []
+        for _ in range(args.starts):
+            with OpenVinoRunner(xml, max_batch=top, hint="ADAPTIVE", measure_batching=True) as runner:
+                m = runner.measured
+                decided.append(f"{m.ratio:.2f} -> {runner.max_batch}" if m else "not measured")
+        row = {f"b{b}": med[b] / med[1] for b in med if b > 1}
+        table.add(build=path.name, sync_ms=sync, b1=med[1], auto=", ".join(decided), **row)
+        print(table.markdown().splitlines()[-1], file=sys.stderr)
+    report.emit([table], args.json)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -280,6 +323,12 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=1.0)
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--builds", type=Path, default=Path("/tmp/veo-edge-bench-cpu-precision"), help="reused")
+    p.add_argument("--json", type=Path, default=None, help="also write the results here, as JSON")
+    p = h.command(sub, "pays", cmd_pays, "whether batching pays on this CPU, per build; what auto decides")
+    p.add_argument("--builds", required=True, help="build directories, comma-separated")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=2.0)
+    p.add_argument("--starts", type=int, default=3, help="activations of the runner with --batch-limit auto")
     p.add_argument("--json", type=Path, default=None, help="also write the results here, as JSON")
     args = ap.parse_args()
     args.run(args)

@@ -33,6 +33,7 @@ def serve(
         "auto",
         "--batch-limit",
         envvar="VEO_EDGE_BATCH_LIMIT",
+        metavar="auto|N",
         help="Largest batch run on the backend, up to each build's --max-batch: concurrent requests are "
         "batched up to it, a request with more samples runs in parts. auto: OpenVINO ADAPTIVE measures at "
         "start whether batches run more samples/s than single samples on this CPU, and runs batch 1 where "

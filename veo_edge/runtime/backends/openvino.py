@@ -20,7 +20,7 @@ batch). At most one batch per stream runs on the dynamic compile (its infer requ
 memory per batch size); the batch-1 compile's requests share their stream's memory. Measured on
 vit-tiny on 2 cores (docs/benchmarks.md, `bench/serve.py limit`): LATENCY alone serves 1 client as fast and 4
 clients at about 85 % of the machine's limit, THROUGHPUT alone 4 clients faster but 1 client at half
-the speed.
+the speed. With ``measure_batching`` ADAPTIVE first measures whether batches pay (openvino_batching.py).
 """
 
 from __future__ import annotations

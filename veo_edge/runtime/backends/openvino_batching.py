@@ -1,14 +1,15 @@
 """Whether batching pays on this CPU for this model, measured when ADAPTIVE activates (``serve
 --batch-limit auto``, the default).
 
-On the CPU the answer depends on the model more than on the machine. Measured on one 2-vCPU AMD EPYC
-(docs/benchmarks.md, "Does batching pay on the CPU?"), OpenVINO's dynamic-batch streams at batch 4 or 8
-ran 1.2-1.9x the samples/s of the batch-1 streams on models of 4 to 37 tokens (vit-digits, 32² to 96²
-ViTs), but 0.98-1.06x on models of 65 tokens and more (vit-tiny's 197): there a batch takes as long as
-its samples one by one, so batching only makes the first samples of a batch wait for the last (at eight
-clients a third of vit-tiny's p99), and its compile and per-size infer requests hold half the memory.
-No rule on the model's size predicted it (a 3 ms and a 6 ms model both gained), so the runner measures:
-both compiles kept full for a short window each, on zeros, before any traffic.
+On the CPU the answer depends on the model (and on the machine). Measured on one 2-vCPU AMD EPYC
+(docs/benchmarks.md, "Does batching pay on the CPU?", ``python bench/runtime.py pays``), the dynamic
+streams at batch 4 ran 1.35-1.46x the samples/s of the batch-1 streams on the small models (vit-digits,
+vit-nano, ViTs at 48² and 64²), 1.32x and 1.14x on ViTs at 96² and 128², and 0.96-1.04x on 160², vit-tiny
+and the video model. Where batches run no faster, batching only makes a batch's first samples wait for its
+last (at eight clients a third of vit-tiny's p99) and its compile and per-size infer requests hold about
+half the server's memory. The model's latency did not predict it (an 8 ms model gained 1.32x, a 7 ms one
+1.14x, a 3 ms one 1.35x), so the runner measures: both compiles kept full in short alternating windows,
+on zeros, before any traffic; one window of each per round, the median of the rounds' ratios decides.
 """
 
 from __future__ import annotations
