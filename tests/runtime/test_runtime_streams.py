@@ -230,3 +230,29 @@ def test_a_negative_thread_count_is_refused_before_openvino_sees_it(nano_build: 
             veo_edge.Runtime(nano_build, threads=bad)
     with veo_edge.Runtime(nano_build, backend="openvino", threads=0) as rt:
         assert rt.infer(np.zeros((1, 3, 32, 32), np.float32)).shape == (1, 10)
+
+
+def test_a_runner_measures_batching_once_and_keeps_its_limit_when_reactivated(
+    nano_build: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime takes its batch limit from the first activation; a runner deactivated and activated
+    again (a fallback that comes back) does not measure again, so it cannot settle on less than the
+    batches its runtime sends."""
+    from veo_edge.runtime.backends import openvino_batching
+    from veo_edge.runtime.backends.openvino import OpenVinoRunner
+
+    build = BuildDir.open(nano_build)
+    monkeypatch.setattr(openvino_batching, "PAYS", 0.0)
+    runner = OpenVinoRunner(
+        build.artifact("openvino_xml"), max_batch=8, hint="ADAPTIVE", measure_batching=True
+    )
+    with runner:
+        first = runner.measured
+    if first is None:
+        pytest.skip("one OpenVINO stream on this machine: nothing to measure")
+    monkeypatch.setattr(openvino_batching, "PAYS", float("inf"))  # a second measurement would choose 1
+    x = seeded(8, (3, 32, 32), seed=9)
+    with runner:
+        assert runner.measured is first and runner.max_batch == 8
+        got = runner.infer(x)["logits"]
+    assert float(np.abs(got - reference(nano_build, x)).max()) <= tolerance(nano_build)

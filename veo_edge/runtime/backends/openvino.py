@@ -253,6 +253,7 @@ class OpenVinoRunner(Runner):
         self.measured = openvino_batching.measure(
             self._single, self._compiled, self._inputs, self.max_batch or 1, self.concurrency
         )
+        self.measure_batching = False  # once: reactivated, it keeps the limit its runtime took from it
         if not self.measured.pays:  # batch 1 only: the dynamic compile goes, with its memory
             self._compiled, self.max_batch = self._single, 1
         log.info("%s: %s: batch limit %d", self.model, self.measured.describe(), self.max_batch)
