@@ -90,16 +90,23 @@ def test_deploy_through_a_real_registry_pulls_by_digest_and_refuses_a_mismatch(
             assert r.returncode == 0, r.stderr
             assert json.loads(r.stdout)["images"] == [digest_ref]
 
-            # what the registry serves for that digest is no longer what was pushed: refused, nothing runs
-            device_engine.docker("rm", "-f", name, check=False)
-            device_engine.docker("rmi", "-f", moved["image_id"], check=False)
-            blob = reg.blob(digest_ref.split("@", 1)[1])
+            # a second release whose manifest the registry no longer serves as pushed: refused, and the
+            # running release is untouched. A fresh image, because the device engine keeps the manifests
+            # it has pulled (digest-checked) and may not ask the registry again for the first one.
+            tampered = build_tiny_image(docker_engine, "veo-test/tiny:registry-tampered", release="tampered")
+            r = veo("deploy", tampered, "--k8s", tmp_path / "k8s-tampered", "--registry", reg.address,
+                    "--allow-unsigned", "--json", env=env)  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            (tampered_ref,) = json.loads(r.stdout)["images"]
+            blob = reg.blob(tampered_ref.split("@", 1)[1])
             blob.write_bytes(blob.read_bytes() + b"\n")
-            r = veo(*args, env=env)
+            r = veo("deploy", tampered, "--to", device_engine.host, "--name", name, "--registry", reg.address,
+                    "--allow-unsigned", "--json", env=env)  # fmt: skip
             assert r.returncode == 44, r.stderr
-            assert "a digest mismatch" in r.stderr and digest_ref in r.stderr
-            assert _inspect(device_engine, name) is None
+            assert "a digest mismatch" in r.stderr and tampered_ref in r.stderr
+            c = _inspect(device_engine, name)
+            assert c["Image"] == moved["image_id"] and c["State"]["Running"]
         finally:
             stop_registry(reg)
             device_engine.docker("rm", "-f", name, check=False)
-            docker_engine.docker("rmi", image, check=False)
+            docker_engine.docker("rmi", image, "veo-test/tiny:registry-tampered", check=False)
