@@ -12,7 +12,7 @@ half the server's memory. The model's latency did not predict it (an 8 ms model 
 on zeros, before any traffic; one window of each per round, the median of the rounds' ratios decides.
 A median within ``UNSETTLED`` of the threshold is measured again (as many rounds more, the median of all
 decides): single rounds' ratios spread widely (0.70-1.38 on one 96² ViT start on an AVX2 EPYC), and
-three rounds' median chose batch 1 in 3 of 10 starts of that model whose sweeps read 1.10-1.33x at batch 4
+three rounds' median chose batch 1 in 2 of 10 starts of that model whose sweeps read 1.10-1.33x at batch 4
 (six rounds: 1 of 10, docs/benchmarks.md).
 """
 
