@@ -50,7 +50,7 @@ class BatchingMeasure:
     batch: int
     single: float
     ratio: float
-    rounds: int = ROUNDS
+    rounds: int
 
     @property
     def pays(self) -> bool:
