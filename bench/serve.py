@@ -262,7 +262,9 @@ def cmd_limit(args) -> None:
 
 
 def cmd_faults(args) -> None:
-    """Two servers on one build, with VEO_EDGE_FAULTS=--faults and without; clients send back to back."""
+    """Two servers on one build, with VEO_EDGE_FAULTS=--faults and without, in ``--rounds`` interleaved
+    rounds (a fresh server each); clients send back to back. A row per run sums its rounds: requests and
+    errors, p50/p99 over every latency, what /metrics counted (summed), and each round's p99."""
     json.loads(args.faults)
     table = report.Table(
         "faults",
@@ -272,6 +274,7 @@ def cmd_faults(args) -> None:
             "errors": ("errors", "{}"),
             "p50_ms": ("p50 ms", "{:.2f}"),
             "p99_ms": ("p99 ms", "{:.2f}"),
+            "p99_rounds": ("p99 ms each round", "{}"),
             "faults": ("faults", "{}"),
             "retries": ("retries", "{}"),
             "switches": ("switches", "{}"),
@@ -279,31 +282,55 @@ def cmd_faults(args) -> None:
             "standby": ("standby", "{}"),
         },
     )
+    runs = {"faults": {"VEO_EDGE_FAULTS": args.faults}, "no faults": {"VEO_EDGE_FAULTS": ""}}
+    seen: dict[str, list[tuple[dict, dict]]] = {label: [] for label in runs}
     with h.build_dir(args.build_dir, args.model) as build:
-        for label, env in (
-            ("faults", {"VEO_EDGE_FAULTS": args.faults}),
-            ("no faults", {"VEO_EDGE_FAULTS": ""}),
-        ):
-            with h.server(build, env=env) as srv:
-                r = h.closed_loop(
-                    lambda i: h.HttpCall.infer(build, srv.http), args.clients, args.seconds, warmup_s=0
-                )
-                m = _fault_metrics(srv.http)
-            pct = report.percentiles(r["lat"])
-            table.add(
-                run=label,
-                requests=sum(r["codes"].values()),
-                errors=r["errors"],
-                codes=r["codes"],
-                p50_ms=pct["p50"],
-                p99_ms=pct["p99"],
-                **m,
-            )
+        for _ in range(args.rounds):
+            for label, env in runs.items():
+                with h.server(build, env=env) as srv:
+                    r = h.closed_loop(
+                        lambda i: h.HttpCall.infer(build, srv.http), args.clients, args.seconds, warmup_s=0
+                    )
+                    seen[label].append((r, _fault_metrics(srv.http)))
+    for label, rounds in seen.items():
+        lat = [ms for r, _ in rounds for ms in r["lat"]]
+        codes: dict[str, int] = {}
+        for r, _ in rounds:
+            for code, n in r["codes"].items():
+                codes[code] = codes.get(code, 0) + n
+        counted = _summed([m for _, m in rounds])
+        pct = report.percentiles(lat)
+        table.add(
+            run=label,
+            requests=sum(codes.values()),
+            errors=sum(r["errors"] for r, _ in rounds),
+            codes=codes,
+            p50_ms=pct["p50"],
+            p99_ms=pct["p99"],
+            p99_rounds=", ".join(f"{report.percentiles(r['lat'])['p99']:.1f}" for r, _ in rounds),
+            **counted,
+        )
     report.emit([table], args.json)
 
 
+def _summed(rounds: list[dict]) -> dict:
+    """The /metrics readings of several servers (:func:`_fault_metrics`), counters summed; the active and
+    standby backends of each round, joined where they differ."""
+    out: dict = {"switches": sum(m["switches"] for m in rounds)}
+    for k in ("faults", "retries"):
+        total: dict[str, int] = {}
+        for m in rounds:
+            for label, n in m[k].items():
+                total[label] = total.get(label, 0) + n
+        out[k] = ", ".join(f"{label} {n}" for label, n in sorted(total.items())) or "-"
+    for k in ("active", "standby"):
+        out[k] = "/".join(dict.fromkeys(str(m[k]) for m in rounds))
+    return out
+
+
 def _fault_metrics(port: int) -> dict:
-    """What the server's /metrics counted: faults and retries by backend, switches, active and standby."""
+    """What the server's /metrics counted: faults and retries (``"backend kind"`` / ``"backend outcome"``:
+    count), switches, the active and standby backends."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
@@ -320,8 +347,6 @@ def _fault_metrics(port: int) -> dict:
                 out["switches"] = int(s.value)
             elif s.name in ("veo_edge_active_backend", "veo_edge_standby_backend") and s.value == 1:
                 out[s.name.split("_")[2]] = b
-    for k in ("faults", "retries"):
-        out[k] = ", ".join(f"{label} {n}" for label, n in sorted(out[k].items())) or "-"
     return out
 
 
@@ -337,6 +362,7 @@ def main() -> None:
     p.add_argument("--faults", default='{"*": {"every_nth": 7}}', help="VEO_EDGE_FAULTS of the first run")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--rounds", type=int, default=1, help="rounds, the two servers interleaved in each")
     serve_images.add_command(sub)
     one_client.add_commands(sub)
     trace_server.add_command(sub)
