@@ -95,6 +95,16 @@ def test_doctor_lives_through_a_package_that_crashes_at_import(tmp_path):
             2,
             "--replicas 0 must be at least 1",
         ),  # was 1
+        (
+            ["deploy", "reg/vit:1", "--to", "unix:///nowhere.sock", "--update-delay", "1"],
+            2,
+            "--update-monitor and --update-delay pace a Swarm service's updates: add --swarm",
+        ),
+        (
+            ["deploy", "reg/vit:1", "--swarm", "--to", "unix:///nowhere.sock", "--update-monitor", "0"],
+            2,
+            "--update-monitor 0 must be a number of seconds above 0",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_an_exit_code(tmp_path, args, code, message):

@@ -26,8 +26,11 @@ def tasks(swarm, service: str) -> list[dict]:
 def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     docker_engine, swarm_engine, test_images
 ) -> None:
+    # updates and rollbacks paced faster than the defaults (a 3 s monitor, a 1 s pause; the defaults are
+    # asserted on the three-replica service below): the swarm rolls back with the rolled-back spec's pace
+    pace = ("--update-monitor", "3", "--update-delay", "1")
     r = swarm_deploy(docker_engine, swarm_engine, test_images["v1"], "--name", "fleet", "--replicas", "2",
-                     "--allow-unsigned")  # fmt: skip
+                     "--allow-unsigned", *pace)  # fmt: skip
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["action"] == "created"
@@ -36,7 +39,8 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     spec = json.loads(swarm_engine.docker("service", "inspect", "fleet").stdout)[0]["Spec"]
     assert spec["TaskTemplate"]["Placement"]["Constraints"] == ["node.labels.veo.target==cpu"]
     assert spec["UpdateConfig"]["FailureAction"] == "rollback" and spec["UpdateConfig"]["Parallelism"] == 1
-    assert spec["UpdateConfig"]["Delay"] == 5 * 10**9  # a failure is seen before the next replica goes down
+    assert (spec["UpdateConfig"]["Monitor"], spec["UpdateConfig"]["Delay"]) == (3 * 10**9, 10**9)
+    assert spec["RollbackConfig"]["Monitor"] == 3 * 10**9
     assert spec["Mode"]["Replicated"]["Replicas"] == 2
     # bound to the image ID (no node re-resolves a tag), least privilege, one port per replica
     c = spec["TaskTemplate"]["ContainerSpec"]
@@ -47,7 +51,7 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
 
     # a good update, then the swarm's own rollback (the Engine API's rollback=previous) back to v1
     r = swarm_deploy(docker_engine, swarm_engine, test_images["v2"], "--name", "fleet", "--replicas", "2",
-                     "--allow-unsigned")  # fmt: skip
+                     "--allow-unsigned", *pace)  # fmt: skip
     assert r.returncode == 0, r.stderr
     r = veo("deploy", "rollback", "fleet", "--swarm", "--to", swarm_engine.host, "--json", timeout=300)
     assert r.returncode == 0, r.stderr
@@ -57,7 +61,7 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
 
     r = swarm_deploy(
         docker_engine, swarm_engine, test_images["unhealthy"], "--name", "fleet", "--replicas", "2",
-        "--allow-unsigned",
+        "--allow-unsigned", *pace,
     )  # fmt: skip
     assert r.returncode == 46, r.stderr
     assert "the swarm rolled service fleet back from veo-test/app:unhealthy" in r.stderr
@@ -144,6 +148,9 @@ def test_three_replicas_of_the_real_image_on_one_node_and_a_bad_update_rolls_bac
     spec = json.loads(swarm_engine.docker("service", "inspect", name).stdout)[0]["Spec"]
     assert spec["TaskTemplate"]["ContainerSpec"]["Image"] == cpu_image.built.id
     assert f"VEO_EDGE_GRPC_PORT={base + 3}" in spec["TaskTemplate"]["ContainerSpec"]["Env"]
+    # the default pace: a failure is seen (15 s monitor) and a 5 s pause passes before the next replica goes
+    assert (spec["UpdateConfig"]["Monitor"], spec["UpdateConfig"]["Delay"]) == (15 * 10**9, 5 * 10**9)
+    assert spec["RollbackConfig"]["Monitor"] == 15 * 10**9
 
     # a release signed by the same key that cannot serve (an unknown backend): the swarm rolls it back
     bad = derive(

@@ -85,6 +85,15 @@ def deploy(
     ),
     replicas: int = typer.Option(None, "--replicas", help="Swarm/Kubernetes replicas (default 1)."),
     global_mode: bool = typer.Option(False, "--global", help="One task/pod per labelled node (DaemonSet)."),
+    update_monitor: float = typer.Option(
+        None,
+        "--update-monitor",
+        help="Swarm: seconds a new task must stay healthy before the update (or rollback) moves on "
+        "(default 15).",
+    ),
+    update_delay: float = typer.Option(
+        None, "--update-delay", help="Swarm: seconds to pause after each replaced task (default 5)."
+    ),
     k8s: Path = typer.Option(None, "--k8s", help="Render Kubernetes/k3s manifests into this directory."),
     cache_host_path: str = typer.Option(
         None, "--cache-host-path", help="Kubernetes: keep the engine cache in this node path."
@@ -124,6 +133,10 @@ def deploy(
         raise UsageError("--replicas and --global exclude each other")
     if replicas is not None and replicas < 1:  # `replicas or 1` below would turn 0 into 1 without a word
         raise UsageError(f"--replicas {replicas} must be at least 1 (or --global: one on every node)")
+    pacing = {"monitor_s": update_monitor, "update_delay_s": update_delay}
+    pacing = {k: v for k, v in pacing.items() if v is not None}
+    if pacing and not swarm:
+        raise UsageError("--update-monitor and --update-delay pace a Swarm service's updates: add --swarm")
     if k8s is not None:
         from veo_edge.deploy import Workload
 
@@ -167,6 +180,7 @@ def deploy(
             env=_env(env),
             memory=memory,
             cpus=cpus,
+            **pacing,
             **least,
         )
     else:

@@ -15,6 +15,7 @@ templates cannot add numbers, so the entrypoint and the healthcheck do it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,8 @@ class ServiceOptions:
     port: int = 8000
     network: str = "host"
     env: dict[str, str] = field(default_factory=dict)
+    #: how long a new task must stay up (and healthy) before the updater counts it updated, in updates and
+    #: rollbacks alike: a task that fails within it makes the update fail (and roll back)
     monitor_s: float = 15.0
     #: the pause after each replica an update replaces, before it takes down the next one. Swarm's updater
     #: moves on as soon as a new task is running *or has failed*, and only then sees the failure, so with
@@ -51,6 +54,13 @@ class ServiceOptions:
             raise UsageError(f"--replicas {self.replicas} must be at least 1 (or use --global)")
         if not 0 < self.port < 65536:
             raise UsageError(f"--port {self.port} is not a TCP port (1..65535)")
+        if not 0 < self.monitor_s < math.inf:
+            raise UsageError(
+                f"--update-monitor {self.monitor_s:g} must be a number of seconds above 0: a new task's "
+                "failure must be seen before the update moves on"
+            )
+        if not 0 <= self.update_delay_s < math.inf:
+            raise UsageError(f"--update-delay {self.update_delay_s:g} must be a number of seconds, 0 or more")
         if self.pids_limit < 0:
             raise UsageError(f"--pids-limit {self.pids_limit} must be 0 (no limit) or positive")
         if self.gpus != "all" and "count" not in gpu_request(self.gpus):
