@@ -1,4 +1,4 @@
-"""A 30-second soak against a real `veo-edge serve` over HTTP (KServe v2 binary tensors, /metrics):
+"""A 15-second soak against a real `veo-edge serve` over HTTP (KServe v2 binary tensors, /metrics):
 a complete report with plots, the server's own memory fitted; `soak report` re-judges with other
 thresholds and its exit code follows the verdict."""
 
@@ -37,7 +37,10 @@ def test_soak_against_a_server(nano_build: Path, server, tmp_path: Path, capsys)
     # every 7th openvino call fails (transient): each such batch is re-run on the warm onnxruntime standby
     url = server(nano_build, env={"VEO_EDGE_FAULTS": json.dumps({"openvino": {"every_nth": 7}})})
     run = tmp_path / "run"
-    args = ["--url", url, "--duration", "30s", "--rate", "20", "--max-jitter-ms", "1e6", "--leak-floor", "1G"]
+    # half the default sample interval and window: as many memory samples (about 27 after the warm-up) and
+    # jitter windows (about 5, some 50 answers each) as 30 s at the defaults
+    args = ["--url", url, "--duration", "15s", "--sample-interval", "0.5s", "--window", "2.5s"]
+    args += ["--rate", "20", "--max-jitter-ms", "1e6", "--leak-floor", "1G"]
     report = _complete_soak(run, "http", capsys, *args)
     req = report["requests"]
     for name in ("latency.png", "memory.png", "histogram.png", "throughput.png"):
@@ -69,7 +72,8 @@ def test_soak_against_a_server(nano_build: Path, server, tmp_path: Path, capsys)
 def test_soak_over_grpc(nano_build: Path, server, tmp_path: Path, capsys):
     """The same soak through the server's KServe v2 gRPC port (tritonclient.grpc, raw contents)."""
     url = server(nano_build, grpc=True)
-    args = ["--url", url, "--model-name", "vit-nano", "--duration", "10s", "--rate", "20"]
+    args = ["--url", url, "--model-name", "vit-nano", "--duration", "5s", "--rate", "20"]
+    args += ["--sample-interval", "0.5s", "--window", "2.5s"]  # one whole window, as 10 s at the defaults
     report = _complete_soak(
         tmp_path / "run-grpc", "grpc", capsys, *args, "--max-jitter-ms", "1e6", "--leak-floor", "1T"
     )
