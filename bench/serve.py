@@ -25,6 +25,7 @@ import signal
 import sys
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import harness as h
@@ -294,10 +295,9 @@ def cmd_faults(args) -> None:
                     seen[label].append((r, _fault_metrics(srv.http)))
     for label, rounds in seen.items():
         lat = [ms for r, _ in rounds for ms in r["lat"]]
-        codes: dict[str, int] = {}
+        codes: Counter[str] = Counter()
         for r, _ in rounds:
-            for code, n in r["codes"].items():
-                codes[code] = codes.get(code, 0) + n
+            codes.update(r["codes"])  # update, unlike +, keeps zero counts
         counted = _summed([m for _, m in rounds])
         pct = report.percentiles(lat)
         table.add(
@@ -318,10 +318,9 @@ def _summed(rounds: list[dict]) -> dict:
     standby backends of each round, joined where they differ."""
     out: dict = {"switches": sum(m["switches"] for m in rounds)}
     for k in ("faults", "retries"):
-        total: dict[str, int] = {}
+        total: Counter[str] = Counter()
         for m in rounds:
-            for label, n in m[k].items():
-                total[label] = total.get(label, 0) + n
+            total.update(m[k])
         out[k] = ", ".join(f"{label} {n}" for label, n in sorted(total.items())) or "-"
     for k in ("active", "standby"):
         out[k] = "/".join(dict.fromkeys(str(m[k]) for m in rounds))

@@ -197,8 +197,9 @@ def test_max_batch_auto_measures_whether_batches_pay_and_answers_the_same(
         faults=faults,
         fault_clock=lambda: 0.0,
     ) as rt:
-        measured = rt.describe().get("batching")
-        if rt.describe()["streams"] == 1:
+        described = rt.describe()
+        measured = described.get("batching")
+        if described["streams"] == 1:
             assert measured is None and rt.max_batch == 8  # one stream: ADAPTIVE is LATENCY alone
             pytest.skip("one OpenVINO stream on this machine: nothing to measure")
         assert measured["measured_batch"] == 4 and measured["batching_pays"] is pays
@@ -271,8 +272,9 @@ def test_a_ratio_too_close_to_the_threshold_is_measured_again_and_all_rounds_dec
     with veo_edge.Runtime(
         nano_build, backend="openvino", performance_hint="ADAPTIVE", max_batch="auto"
     ) as rt:
-        measured = rt.describe().get("batching")
-        if rt.describe()["streams"] == 1:
+        described = rt.describe()
+        measured = described.get("batching")
+        if described["streams"] == 1:
             pytest.skip("one OpenVINO stream on this machine: nothing to measure")
         assert measured["rounds"] == rounds
         assert measured["batching_pays"] is (measured["batched_over_single"] >= openvino_batching.PAYS)
