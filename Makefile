@@ -12,11 +12,9 @@ PIP := $(PYTHON) -m pip
 $(PYTHON):
 	$(BASE_PYTHON) -m venv $(VENV)
 
-# torch is pinned: 2.13.0 is the CPU build that pip takes from the machine's local disk. --no-compile:
-# byte-compiling all of the 2.3 GB environment took 100 of the install's 186 s on 2 cores; Python compiles
-# the modules a run imports when it first imports them (~7 s for torch, transformers and OpenVINO), once
+# torch is pinned: 2.13.0 is the CPU build that pip takes from the machine's local disk
 setup: $(PYTHON)
-	$(PIP) install --quiet --disable-pip-version-check --no-compile torch==2.13.0 -e '.[dev]'
+	$(PIP) install --quiet --disable-pip-version-check torch==2.13.0 -e '.[dev]'
 
 # set up, then build the built-in default model (vit-digits, trained on real data) into ./vit-digits
 # and show what the build proved (parity, plugin fusion, top-1 on the held-out test split)
