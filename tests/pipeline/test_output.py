@@ -222,7 +222,7 @@ def test_a_second_build_of_the_same_output_fails_while_the_first_runs_or_with_wa
     make): without --wait a build fails at once and names the holder; with --wait, one replaces the first's
     output after it (--force) and one then finds the output made (no --force)."""
     out = tmp_path / "shared"
-    first = veo_bg(*NANO, "--out", out, "--max-batch", "2")
+    first = veo_bg(*NANO, "--out", out, "--max-batch", "2", "--json")  # --json: what it wrote, on stdout
     wait_for(lambda: lock_owner(out) == first.pid, first, "the first build took the lock")
     refused = veo("build", "--model", "veo-video-nano", "--quiet", "--out", out, "--force")
     assert refused.returncode == LOCKED, refused.stderr
@@ -232,8 +232,10 @@ def test_a_second_build_of_the_same_output_fails_while_the_first_runs_or_with_wa
     assert lock_owner(out) == first.pid, "the refused build left the first build's lock alone"
     second = veo_bg(*NANO, "--out", out, "--max-batch", "4", "--force", "--wait")
     no_force = veo_bg(*NANO, "--out", out, "--wait")  # waits too, then finds the output made
-    _, first_err = first.communicate(timeout=600)
+    first_out, first_err = first.communicate(timeout=600)
     assert first.returncode == 0, first_err
+    made = json.loads(first_out)  # the first wrote its own build, untouched by the refused one
+    assert made["path"] == str(out) and made["model"]["name"] == "vit-nano" and made["max_batch"] == 2
     _, second_err = second.communicate(timeout=600)
     assert second.returncode == 0, second_err
     assert f"waiting for another veo-edge build (pid {first.pid} on " in second_err
