@@ -15,8 +15,10 @@
 # Docker knows only 0 (healthy) and 1 (unhealthy); 2 is reserved. veo-edge's distinct codes
 # (20 down, 21 not ready, 22 canary mismatch, 23 timeout, 30 build modified) are printed, and the exit status is 1.
 #
-# In a veo-edge image it runs the image's Python isolated (-I: nothing from the cache volume, the
-# environment's PYTHON* variables or a user site-packages is imported); elsewhere, `veo-edge` on PATH.
+# In a veo-edge image it runs the probe entry (python -m veo_edge.serve.probe: the same check, options, line
+# and exit codes as `veo-edge healthcheck --url`, without the command line's imports: ~0.4 s of CPU per
+# probe instead of ~0.75 s) with the image's Python isolated (-I: nothing from the cache volume, the
+# environment's PYTHON* variables or a user site-packages is imported); elsewhere, `veo-edge healthcheck`.
 set -u
 
 slot="${VEO_EDGE_REPLICA_SLOT:-1}"
@@ -26,16 +28,16 @@ timeout="${VEO_EDGE_HEALTH_TIMEOUT:-10}"
 
 veo() {
     if [ -x /opt/veo-edge/venv/bin/python ]; then
-        /opt/veo-edge/venv/bin/python -I -B -m veo_edge "$@"
+        /opt/veo-edge/venv/bin/python -I -B -m veo_edge.serve.probe "$@"
     else
-        veo-edge "$@"
+        veo-edge healthcheck "$@"
     fi
 }
 
 if [ -n "${VEO_EDGE_MODEL_NAME:-}" ]; then
-    out=$(veo healthcheck --url "$url" --timeout "$timeout" --model-name "$VEO_EDGE_MODEL_NAME" 2>&1)
+    out=$(veo --url "$url" --timeout "$timeout" --model-name "$VEO_EDGE_MODEL_NAME" 2>&1)
 else
-    out=$(veo healthcheck --url "$url" --timeout "$timeout" 2>&1)
+    out=$(veo --url "$url" --timeout "$timeout" 2>&1)
 fi
 code=$?
 if [ "$code" -eq 0 ]; then

@@ -3,6 +3,9 @@ server that is down, not ready, serving the wrong model or a corrupt golden outp
 
 from __future__ import annotations
 
+import http.client
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -14,6 +17,7 @@ import pytest
 
 from tests.support.net import free_port
 from veo_edge.serve.health import EXIT_CODES
+from veo_edge.serve.protocol import decode_infer_response
 
 
 def _healthcheck(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
@@ -22,6 +26,17 @@ def _healthcheck(*args: str, timeout: float = 60.0) -> subprocess.CompletedProce
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+def _probe(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The image's HEALTHCHECK entry (what healthcheck/healthcheck.sh runs inside a veo-edge image)."""
+    return subprocess.run(
+        [sys.executable, "-m", "veo_edge.serve.probe", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -45,6 +60,72 @@ def test_healthy_server(nano_server, nano_build):
     assert '"healthy": true' in r.stdout
 
 
+def test_the_image_probe_checks_as_the_command_line_does(nano_server, nano_build, copy_build):
+    url = _url(nano_server)
+    cli, probe = _healthcheck("--url", url), _probe("--url", url)
+    assert cli.returncode == probe.returncode == 0, (cli.stderr, probe.stderr)
+    assert probe.stdout == cli.stdout and probe.stdout.startswith(f"healthy: {url} (canary max abs")
+    # the golden canary from VEO_EDGE_BUILD_DIR, as the command line reads it; a modified one is refused
+    assert _probe("--url", url, env={"VEO_EDGE_BUILD_DIR": str(nano_build)}).returncode == 0
+    r = _probe("--url", url, env={"VEO_EDGE_BUILD_DIR": str(_corrupt_golden(copy_build(nano_build)))})
+    assert r.returncode == EXIT_CODES["build modified"], r.stderr
+    assert r.stderr.startswith("error: ") and "canary/expected.npy has sha256" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = _probe("--url", url, "--model-name", "vit-tiny")
+    assert r.returncode == EXIT_CODES["not ready"] and "unknown model 'vit-tiny'" in r.stderr, r.stderr
+    r = _probe("--url", f"http://127.0.0.1:{free_port()}", "--timeout", "5")
+    assert r.returncode == EXIT_CODES["down"] and "no server answers at" in r.stderr, r.stderr
+    for bad in (["--timeout", "0"], ["--timeout", "nan"], ["--no-such-option"]):
+        r = _probe("--url", url, *bad)
+        assert r.returncode == 2 and r.stderr.strip() and not r.stdout, (bad, r.stderr)
+    # what makes it the probe: none of the command line's framework is imported
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "veo_edge.serve.probe", "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    imported = {
+        line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert "veo_edge.serve.health" in imported
+    assert not imported & {"typer", "click", "rich", "pydantic"}, sorted(
+        imported & {"typer", "click", "rich", "pydantic"}
+    )
+
+
+def test_the_canary_endpoint_answers_json_or_the_binary_form(nano_server, nano_build):
+    """The probe asks for the binary form (0.6 MB instead of ~3 MB of JSON text for a 224x224 input);
+    both carry the same tensors and rule, and a client that does not ask gets JSON as before."""
+    host, port = nano_server.url.rsplit(":", 1)
+
+    def get(headers: dict[str, str]) -> tuple[dict[str, str], bytes]:
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            conn.request("GET", "/v2/models/vit-nano/canary", headers=headers)
+            resp = conn.getresponse()
+            assert resp.status == 200
+            return {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+
+    head, body = get({})
+    assert (
+        head["content-type"].startswith("application/json") and "inference-header-content-length" not in head
+    )
+    doc = json.loads(body)
+    head, blob = get({"Accept": "application/octet-stream"})
+    assert head["content-type"] == "application/octet-stream"
+    hlen = int(head["inference-header-content-length"])
+    arrays = decode_infer_response(blob, hlen)
+    assert json.loads(blob[:hlen])["parameters"] == {"atol": doc["atol"], "min_cosine": doc["min_cosine"]}
+    for name in ("input", "expected"):
+        assert arrays[name].dtype == np.float32 and list(arrays[name].shape) == doc[name]["shape"]
+        np.testing.assert_array_equal(arrays[name].ravel(), np.asarray(doc[name]["data"], dtype=np.float32))
+    assert len(blob) == hlen + 4 * (arrays["input"].size + arrays["expected"].size) < len(body)
+
+
 def test_local_mode(nano_build):
     r = _healthcheck("--build-dir", str(nano_build), "--timeout", "60")
     assert r.returncode == 0, r.stderr
@@ -66,7 +147,7 @@ def test_server_with_corrupted_golden_refuses_to_start(nano_build, copy_build, t
     """A golden output that no longer matches the manifest is refused at start, not a 503 later."""
     bad = _corrupt_golden(copy_build(nano_build))
     r = subprocess.run(
-        [sys.executable, "-m", "veo_edge.cli.main", "serve", str(bad), "--port", "0"],
+        [sys.executable, "-m", "veo_edge.cli.main", "serve", str(bad), "--port", "0", "--metrics-port", "0"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -23,6 +23,7 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from veo_edge.errors import InputError  # noqa: E402
+from veo_edge.serve.health import check_server  # noqa: E402
 from veo_edge.serve.images import split_elements  # noqa: E402
 
 MODEL = "hf-vit-digits"
@@ -113,6 +114,9 @@ def test_the_image_companion_is_listed_with_one_bytes_input(server) -> None:
     stats = client.get_inference_statistics(MODEL + "_image")["model_stats"][0]
     assert stats["name"] == MODEL + "_image" and stats["inference_stats"]["compute_input"]["ns"] > 0
     client.close()
+    # the healthcheck behind the pictures' server: its models' golden canaries, in their binary form
+    for name in (MODEL, "vit-nano"):
+        assert check_server(f"http://{server.url}", model_name=name, timeout=30)["model"] == name
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import pytest
 
 from veo_edge.errors import BuildDirError, UsageError
 from veo_edge.export.parity import seeded_inputs
+from veo_edge.serve.health import check_server
 from veo_edge.serve.protocol import decode_infer_response, encode_infer_request
 from veo_edge.serve.repository import find_models
 
@@ -85,6 +86,8 @@ def test_a_repository_folder_serves_each_build_under_its_folder_name(
     cats = server.get_json("/v2/models/cats/stats")[1]["model_stats"][0]
     dogs = server.get_json("/v2/models/dogs/stats")[1]["model_stats"][0]
     assert cats["inference_count"] - dogs["inference_count"] == 6
+    # the healthcheck of one model of a repository: its golden canary from the server, in the binary form
+    assert check_server(f"http://{server.url}", model_name="dogs", timeout=30)["model"] == "dogs"
     status, body = server.get_json("/v2/models/vit-nano")
     assert status == 404 and body["error"] == "unknown model 'vit-nano'; this server serves: cats, dogs"
     status, _, metrics = server.request("GET", "/metrics")

@@ -8,8 +8,7 @@ from pathlib import Path
 import typer
 
 from veo_edge.cli._common import print_json
-
-DEFAULT_URL = "http://127.0.0.1:8000"
+from veo_edge.serve.probe import DEFAULT_URL, healthy_line
 
 
 def healthcheck(
@@ -43,11 +42,7 @@ def healthcheck(
     if json_out:
         print_json(report)
     else:
-        where = report.get("url") or report.get("build_dir")
-        c = report["canary"]
-        typer.echo(
-            f"healthy: {where} (canary max abs {c['max_abs']:.3g} <= {c['atol']:.3g}, cosine {c['cosine']:.6f})"
-        )
+        typer.echo(healthy_line(report))
 
 
 def register(app: typer.Typer) -> None:

@@ -15,7 +15,6 @@ canary, listen, signals, drain.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from veo_edge.runtime.batching import ClosedError
 from veo_edge.serve import extensions
 from veo_edge.serve.alone import LoneRequests
 from veo_edge.serve.control import AccessPolicy
-from veo_edge.serve.health import canary_to_json, load_canary
+from veo_edge.serve.health import encode_canary, load_canary
 from veo_edge.serve.metrics import HttpCounters, ServeCollector, make_registry
 from veo_edge.serve.protocol import InferRequest, ModelSpec, ProtocolError, load_labels
 from veo_edge.serve.readiness import ReadinessCheck
@@ -93,7 +92,7 @@ class InferenceService:
         self.unloaded = False
         self.infer_answered = 0
         self.started = time.time()
-        self._canary_json: bytes | None = None
+        self._canary_bodies: dict[bool, tuple[bytes, int | None]] = {}
         self._monitor: asyncio.Task | None = None
         self._repo_lock: asyncio.Lock | None = None
 
@@ -238,16 +237,19 @@ class InferenceService:
         self.model_spec(name)
         return self.labels
 
-    def canary_json(self, name: str, version: str | None = None) -> bytes:
-        """The golden canary as JSON (for ``veo-edge healthcheck`` without a build directory); cached."""
+    def canary_body(
+        self, name: str, version: str | None = None, binary: bool = False
+    ) -> tuple[bytes, int | None]:
+        """The golden canary (for ``veo-edge healthcheck`` without a build directory) as JSON, or with
+        ``binary`` in its binary form and the length of its header; cached."""
         self.model_spec(name, version)
-        if self._canary_json is None:
+        if binary not in self._canary_bodies:
             try:
                 canary = self.check.canary or load_canary(self.build)
             except VeoEdgeError as e:
                 raise ProtocolError(str(e), 404) from e
-            self._canary_json = json.dumps(canary_to_json(canary), separators=(",", ":")).encode()
-        return self._canary_json
+            self._canary_bodies[binary] = encode_canary(canary, binary)
+        return self._canary_bodies[binary]
 
     # -- statistics -----------------------------------------------------------------------------
     def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:

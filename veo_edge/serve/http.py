@@ -23,6 +23,7 @@ from typing import Any
 from veo_edge.serve.bodies import BodyBudget, Disconnected, HttpError, read_body
 from veo_edge.serve.control import CONTROL_ROUTES, HTTP_GROUPS, AccessPolicy
 from veo_edge.serve.decoder import start_decoder
+from veo_edge.serve.health import BINARY
 from veo_edge.serve.metrics import render
 from veo_edge.serve.protocol import ProtocolError, encode_infer_response, parse_infer_request
 from veo_edge.serve.shm import ShmRegistry
@@ -261,7 +262,15 @@ class HttpApp:
         return self._json(200, self.service.statistics(params["name"], params.get("version")))
 
     async def _model_canary(self, scope, params, body):
-        return 200, [], self.service.canary_json(params["name"], params.get("version"))
+        binary = any(k == b"accept" and BINARY.encode() in v for k, v in scope["headers"])
+        payload, hlen = self.service.canary_body(params["name"], params.get("version"), binary)
+        if hlen is None:
+            return 200, [], payload
+        return (
+            200,
+            [(b"content-type", BINARY.encode()), (b"inference-header-content-length", b"%d" % hlen)],
+            payload,
+        )
 
     async def _infer(self, scope, params, body):
         name, version = params["name"], params.get("version")

@@ -247,8 +247,10 @@ class ImageModels:
     def model_labels(self, name: str) -> list[str] | None:
         return self.inner.model_labels(self._base(name))
 
-    def canary_json(self, name: str, version: str | None = None) -> bytes:
-        return self.inner.canary_json(self._base(name), version)
+    def canary_body(
+        self, name: str, version: str | None = None, binary: bool = False
+    ) -> tuple[bytes, int | None]:
+        return self.inner.canary_body(self._base(name), version, binary)
 
     def expect(self, name: str) -> Any:
         return self.inner.expect(self._base(name))

@@ -145,8 +145,10 @@ class ModelSet:
     def model_labels(self, name: str) -> list[str] | None:
         return self.service(name).model_labels(name)
 
-    def canary_json(self, name: str, version: str | None = None) -> bytes:
-        return self.service(name).canary_json(name, version)
+    def canary_body(
+        self, name: str, version: str | None = None, binary: bool = False
+    ) -> tuple[bytes, int | None]:
+        return self.service(name).canary_body(name, version, binary)
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         return [e for svc in self.services.values() for e in svc.repository_index(ready_only)]
