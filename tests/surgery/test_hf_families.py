@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (dev extra)")
@@ -37,6 +38,13 @@ def _family(name: str):
     if name == "dinov2":
         return tf.Dinov2ForImageClassification(tf.Dinov2Config(**IMAGE, **SMALL)), tf.BitImageProcessorPil(
             **CROP
+        )
+    if name == "dinov2_with_registers":  # 4 register tokens after the class token
+        cfg = tf.Dinov2WithRegistersConfig(**IMAGE, **SMALL, num_register_tokens=4)
+        return tf.Dinov2WithRegistersForImageClassification(cfg), tf.BitImageProcessorPil(**CROP)
+    if name == "vit_msn":
+        return tf.ViTMSNForImageClassification(tf.ViTMSNConfig(**IMAGE, **SMALL)), tf.ViTImageProcessorPil(
+            **SQUARE
         )
     if name == "beit":
         cfg = tf.BeitConfig(**IMAGE, **SMALL, use_relative_position_bias=True)
@@ -90,6 +98,8 @@ EXPECT = {
     ("vit", "torchscript"): (2, 2, set()),
     ("deit", "torchscript"): (2, 2, set()),
     ("dinov2", "torchscript"): (2, 2, set()),
+    ("dinov2_with_registers", "torchscript"): (2, 2, set()),
+    ("vit_msn", "torchscript"): (2, 2, set()),
     ("beit", "torchscript"): (2, 2, set()),  # relative position bias: VeoAttention v2
     ("data2vec-vision", "torchscript"): (2, 2, set()),
     ("swin", "torchscript"): (2, 2, set()),  # windows, unshifted and shifted (bias + mask)
@@ -170,6 +180,77 @@ def test_a_bare_backbone_builds_with_its_pooled_output_and_says_so(tmp_path) -> 
     assert res.manifest["outputs"][0]["shape"] == [-1, 32]
     assert "labels" not in res.manifest
     assert any("no classification head: the build serves its pooler_output" in n for n in res.notes)
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_bare_vit_msn_and_dinov2_with_registers_serve_what_their_backbones_return(tmp_path) -> None:
+    """Dinov2WithRegistersModel pools its class token (the registers sit between it and the patches);
+    ViTMSNModel has no pooler, so its last hidden state is served. The registers' position table is used
+    as is at the size it was made for, so the TorchScript exporter has no antialiased resampling to trace."""
+    from veo_edge.models.huggingface import load
+
+    tf = transformers
+    torch.manual_seed(0)
+    cfg = tf.Dinov2WithRegistersConfig(image_size=32, patch_size=8, **SMALL, num_register_tokens=4)
+    tf.Dinov2WithRegistersModel(cfg).save_pretrained(tmp_path / "reg")
+    tf.BitImageProcessorPil(**CROP).save_pretrained(tmp_path / "reg")
+    tf.ViTMSNModel(tf.ViTMSNConfig(image_size=32, patch_size=8, **SMALL)).save_pretrained(tmp_path / "msn")
+    tf.ViTImageProcessorPil(**SQUARE).save_pretrained(tmp_path / "msn")
+    x = torch.randn(2, 3, 32, 32)
+    reg, msn = load(str(tmp_path / "reg")), load(str(tmp_path / "msn"))
+    assert (reg.output, reg.preprocess.processor) == ("pooler_output", "BitImageProcessor")
+    assert (msn.output, msn.preprocess.processor) == ("last_hidden_state", "ViTImageProcessor")
+    with torch.no_grad():
+        hidden = reg.module.model(pixel_values=x).last_hidden_state
+        assert hidden.shape == (2, 1 + 4 + 16, 32)
+        torch.testing.assert_close(reg.module(x), hidden[:, 0])
+        assert msn.module(x).shape == (2, 1 + 16, 32)
+        traced = torch.jit.trace(reg.module, x[:1])
+    torch.testing.assert_close(traced(x), reg.module(x))
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+@pytest.mark.parametrize("family", ["dinov2", "dinov2_with_registers"])
+def test_dinov2_pretrained_at_another_size_builds_at_its_processors_size(family, tmp_path) -> None:
+    """Hub DINOv2 checkpoints record the size they were pretrained at (``image_size`` 518) while their
+    processors crop to 224, and transformers resamples the position table to each picture: the build takes
+    the processor's size, the table resampled once by transformers' own code, and answers as transformers
+    does at that size (with registers too, whose antialiased resampling the TorchScript exporter cannot
+    translate)."""
+    import onnxruntime as ort
+
+    from veo_edge.models.huggingface import load
+
+    tf = transformers
+    torch.manual_seed(0)
+    cls, config = {
+        "dinov2": (tf.Dinov2ForImageClassification, tf.Dinov2Config),
+        "dinov2_with_registers": (tf.Dinov2WithRegistersForImageClassification, tf.Dinov2WithRegistersConfig),
+    }[family]
+    ckpt = tmp_path / family
+    cls(config(**{**IMAGE, "image_size": 64}, **SMALL)).save_pretrained(ckpt)  # an 8x8 table of 8x8 patches
+    tf.BitImageProcessorPil(**CROP).save_pretrained(ckpt)  # 32x32 pictures: 4x4 patches
+    res = run_build(
+        BuildOptions(source=HuggingFaceSource(str(ckpt)), out=tmp_path / "b", quiet=True, plugins=False)
+    )
+    assert res.manifest["input_shape"] == [3, 32, 32]
+    assert any(
+        f"{family} was pretrained at 64x64" in n and "32x32 pictures (4x4 patches)" in n for n in res.notes
+    )
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        want = cls.from_pretrained(ckpt).eval()(pixel_values=x).logits.numpy()  # transformers, untraced
+    session = ort.InferenceSession(str(tmp_path / "b" / "model.onnx"), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    # a picture the patches do not tile is refused in one line
+    tf.BitImageProcessorPil(
+        size={"shortest_edge": 36}, crop_size={"height": 36, "width": 36}
+    ).save_pretrained(ckpt)
+    with pytest.raises(
+        ModelLoadError, match=r"makes 36x36 pictures but the model takes 64x64 \(its 8x8 patches"
+    ):
+        load(str(ckpt))
 
 
 def test_bad_checkpoints_are_one_line_errors(tmp_path) -> None:

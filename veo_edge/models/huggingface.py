@@ -28,11 +28,17 @@ FAMILIES = {
     "beit": "image",
     "data2vec-vision": "image",
     "dinov2": "image",
+    "dinov2_with_registers": "image",
+    "vit_msn": "image",
     "swin": "image",
     "videomae": "video",
     "timesformer": "video",
     "vivit": "video",
 }
+#: the families whose embeddings resample their position table to the picture's size on every call. Their
+#: Hub checkpoints record the size they were pretrained at (``image_size`` 518 for DINOv2) while their
+#: processors crop to another (224): the build takes the processor's size
+RESAMPLES_POSITIONS = {"dinov2", "dinov2_with_registers"}
 #: the processor fields copied into :class:`Preprocess`
 _FIELDS = (
     "size",
@@ -132,20 +138,34 @@ def load(path_or_id: str, attn_implementation: str | None = None) -> HfModel:
     kind = FAMILIES[model_type]
     preprocess = load_preprocess(path, kind, config)
     arch = (getattr(config, "architectures", None) or [""])[0]
-    module, output, arch = _load_module(tf, path, config, kind, arch, attn_implementation)
     input_shape = _input_shape(config, kind)
+    notes = []
     hw = preprocess.output_hw
     if hw is not None and tuple(hw) != tuple(input_shape[-2:]):
-        raise ModelLoadError(
-            f"--hf {path}: the processor makes {hw[0]}x{hw[1]} pictures but the model takes "
-            f"{input_shape[-2]}x{input_shape[-1]}; fix size/crop_size in the processor config"
+        trained = f"{input_shape[-2]}x{input_shape[-1]}"
+        patch = config.patch_size if isinstance(config.patch_size, int) else None
+        if model_type not in RESAMPLES_POSITIONS or patch is None or hw[0] % patch or hw[1] % patch:
+            raise ModelLoadError(
+                f"--hf {path}: the processor makes {hw[0]}x{hw[1]} pictures but the model takes {trained}"
+                + (
+                    f" (its {patch}x{patch} patches must tile the picture)"
+                    if model_type in RESAMPLES_POSITIONS
+                    else ""
+                )
+                + "; fix size/crop_size in the processor config"
+            )
+        input_shape = (*input_shape[:-2], *hw)
+        notes.append(
+            f"{model_type} was pretrained at {trained}: its position table is resampled once to the "
+            f"processor's {hw[0]}x{hw[1]} pictures ({hw[0] // patch}x{hw[1] // patch} patches), as transformers "
+            "does on every call, and the build takes that size"
         )
+    module, output, arch = _load_module(tf, path, config, kind, arch, attn_implementation, input_shape)
     labels = None
     if output == "logits":
         id2label = getattr(config, "id2label", None) or {}
         n = len(id2label)
         labels = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(n)] if n else None
-    notes = []
     if output != "logits":
         notes.append(f"{arch or model_type} has no classification head: the build serves its {output}")
     # a hub snapshot's folder is named by its commit: name the build after the id instead
@@ -192,7 +212,7 @@ def served_module(model: nn.Module, output: str) -> nn.Module:
 
 
 def _load_module(
-    tf: Any, path: Path, config: Any, kind: str, arch: str, attn: str | None
+    tf: Any, path: Path, config: Any, kind: str, arch: str, attn: str | None, shape: tuple[int, ...]
 ) -> tuple[nn.Module, str, str]:
     kw: dict[str, Any] = {} if attn is None else {"attn_implementation": attn}
     if arch.endswith("ForImageClassificationWithTeacher") or arch.endswith("ForImageClassification"):
@@ -218,9 +238,42 @@ def _load_module(
     finally:
         if bar:
             hf_logging.enable_progress_bar()
+    _positions_at(model, (shape[-2], shape[-1]))
     if not output:
-        output = _backbone_output(model, kind, _input_shape(config, kind))
+        output = _backbone_output(model, kind, shape)
     return served_module(model, output), output, type(model).__name__
+
+
+def _positions_at(model: nn.Module, hw: tuple[int, int]) -> None:
+    """Give DINOv2's embeddings their position table at the build's picture size, computed once.
+
+    transformers resamples the table on every call whose size differs from the table's and, whenever the
+    model is traced, on every call (so that a traced graph takes any size): bicubic for DINOv2, antialiased
+    bicubic for DINOv2 with registers, which the TorchScript ONNX exporter cannot translate
+    (``aten::_upsample_bicubic2d_aa``). A build takes one size: the table is resampled here by
+    transformers' own code, untraced (the identity at the size it was made for), and the embeddings use it
+    as is at that size, so the exported graph carries no resampling."""
+    import torch
+
+    for m in model.modules():
+        if type(m).__name__ not in ("Dinov2Embeddings", "Dinov2WithRegistersEmbeddings"):
+            continue
+        table = m.position_embeddings
+        ph, pw = m.patch_embeddings.patch_size
+        with torch.no_grad():
+            probe = table.new_zeros(1, 1 + (hw[0] // ph) * (hw[1] // pw), table.shape[-1])
+            resampled = m.interpolate_pos_encoding(probe, hw[0], hw[1])
+        if resampled.shape != table.shape or not torch.equal(resampled, table):
+            m.position_embeddings = torch.nn.Parameter(resampled.detach().clone(), requires_grad=False)
+
+        def at_size(embeddings: Any, height: int, width: int, m: Any = m) -> Any:
+            if (height, width) != hw:
+                raise ModelLoadError(
+                    f"this model was loaded for {hw[0]}x{hw[1]} pictures, not {height}x{width}"
+                )
+            return m.position_embeddings
+
+        m.interpolate_pos_encoding = at_size
 
 
 def _backbone_output(model: nn.Module, kind: str, shape: tuple[int, ...]) -> str:
