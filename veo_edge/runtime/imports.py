@@ -43,9 +43,11 @@ class _Check:
         threading.Thread(target=self._run, name=f"veo-edge-import-{module}", daemon=True).start()
 
     def _run(self) -> None:
+        from veo_edge.privacy import child_prelude
+
         try:
             child = subprocess.run(
-                [*NICE, sys.executable, "-c", f"import {self.module}"],
+                [*NICE, sys.executable, "-c", f"{child_prelude()}import {self.module}"],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,

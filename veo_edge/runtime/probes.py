@@ -219,14 +219,17 @@ def probe_openvino() -> Probe:
         import openvino as ov
     except ImportError as e:
         return Probe("openvino", False, reason=f"openvino is not importable ({e})")
+    from veo_edge.privacy import openvino_telemetry_state
+
     devices = ov.Core().available_devices
     version = _version("openvino") or ov.get_version()
+    telemetry = openvino_telemetry_state()
     return Probe(
         "openvino",
         bool(devices),
-        f"OpenVINO {version}; devices: {', '.join(devices) or 'none'}",
+        f"OpenVINO {version}; devices: {', '.join(devices) or 'none'}; {telemetry}",
         reason=None if devices else "OpenVINO sees no device",
-        data={"version": version, "devices": devices},
+        data={"version": version, "devices": devices, "telemetry": telemetry},
     )
 
 
