@@ -117,6 +117,7 @@ def serve(
     from collections.abc import Callable
 
     from veo_edge.errors import UsageError
+    from veo_edge.runtime.policy import resolve_policy
     from veo_edge.runtime.runtime import Runtime
     from veo_edge.serve.app import ServeOptions
     from veo_edge.serve.control import load_token, make_policy
@@ -162,6 +163,9 @@ def serve(
     )
     access = make_policy(model_control_mode, load_token(control_token_file), (restrict_api or "").split(","))
     names = [p.strip() for p in policy.split(",") if p.strip()] if policy is not None else None
+    resolve_policy(
+        backend, names, fallback=True
+    )  # an unknown backend is a usage error before any port is bound
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     options = ServeOptions(
         host=host,
