@@ -2,9 +2,10 @@
 their image processors; nothing downloaded) built with ``build --hf``, by both exporters: what fuses, what
 is left alone and why, and what the build records (labels, preprocessing, the served output).
 
-Relative position biases (BEiT, Data2Vec-vision, Swin) and Swin's shifted-window masks are given random
-values, as a trained model has: an all-zero table (the library's initialisation) would be folded away as a
-no-op."""
+Relative position biases (BEiT, Data2Vec-vision, Swin), Swin's shifted-window masks, and Swin V2's
+continuous position bias MLP and per-head logit scales are given random values, as a trained model has: an
+all-zero table (the library's initialisation) would be folded away as a no-op, and one logit scale shared by
+every head (transformers' log(10)) is not what a trained Swin V2 has."""
 
 from __future__ import annotations
 
@@ -65,6 +66,17 @@ def _family(name: str):
             id2label=LABELS,
         )
         return tf.SwinForImageClassification(cfg), tf.ViTImageProcessorPil(**SQUARE)
+    if name == "swinv2":  # as the Hub's swinv2-*: cosine attention, continuous position bias
+        cfg = tf.Swinv2Config(
+            image_size=32,
+            patch_size=4,
+            embed_dim=16,
+            depths=[2],
+            num_heads=[2],
+            window_size=4,
+            id2label=LABELS,
+        )
+        return tf.Swinv2ForImageClassification(cfg), tf.ViTImageProcessorPil(**SQUARE)
     if name == "videomae":
         cfg = tf.VideoMAEConfig(**IMAGE, **SMALL, num_frames=4, tubelet_size=2)
         return tf.VideoMAEForVideoClassification(cfg), tf.VideoMAEImageProcessorPil(**CROP)
@@ -79,8 +91,11 @@ def _family(name: str):
 
 def _trained_looking(model: torch.nn.Module) -> None:
     for name, p in model.named_parameters():
-        if "relative_position_bias_table" in name:
+        if "relative_position_bias_table" in name or "continuous_position_bias_mlp" in name:
             torch.nn.init.normal_(p, 0.0, 0.5)
+        elif name.endswith("logit_scale"):  # Swin V2: log of each head's scale (clamped at log 100)
+            with torch.no_grad():
+                p.copy_(torch.empty_like(p).uniform_(5.0, 30.0).log())
 
 
 def save_checkpoint(family: str, path):
@@ -103,6 +118,7 @@ EXPECT = {
     ("beit", "torchscript"): (2, 2, set()),  # relative position bias: VeoAttention v2
     ("data2vec-vision", "torchscript"): (2, 2, set()),
     ("swin", "torchscript"): (2, 2, set()),  # windows, unshifted and shifted (bias + mask)
+    ("swinv2", "torchscript"): (0, 2, {"scores_matmul", "bias_layout"}),  # cosine attention: see LEFT_DETAIL
     ("videomae", "torchscript"): (2, 2, set()),
     ("timesformer", "torchscript"): (4, 4, set()),
     ("vivit", "torchscript"): (2, 2, set()),
@@ -111,6 +127,17 @@ EXPECT = {
 }
 VIDEO = {"videomae", "timesformer", "vivit"}
 BIASED = {"beit", "data2vec-vision", "swin"}
+#: family -> {check: what the region's detail says} for attention left alone. Swin V2's cosine attention
+#: multiplies the scores by a per-head logit scale (a (H, 1, 1) constant, which the op's one scalar scale
+#: cannot take), so the softmax reads a Mul; its shifted windows add the mask (twice, as transformers does)
+#: to scores reshaped to (N/windows, windows, H, S, S), so a reshape sits between that Add and the softmax.
+#: Past those, its Q and K are L2-normalised (Div), not projections, which the op does not compute either.
+LEFT_DETAIL = {
+    "swinv2": {
+        "scores_matmul": "the softmax input comes from Mul",
+        "bias_layout": "the softmax input comes from Add",
+    }
+}
 
 
 @pytest.mark.slow
@@ -143,6 +170,9 @@ def test_a_hugging_face_checkpoint_builds_with_what_fuses_said_per_family(family
     print(f"{family}/{exporter}: " + json.dumps({k: v["fused"] for k, v in report["families"].items()}))
     assert (attention["fused"], attention["candidates"]) == (fused, candidates), report["families"]
     assert {g["check"] for g in attention["left_alone"]} == left
+    for check, detail in LEFT_DETAIL.get(family, {}).items():
+        regions = [r for r in report["regions"] if r["op"] == "VeoAttention" and r["check"] == check]
+        assert regions and all(detail in r["detail"] for r in regions), report["regions"]
     biased = [r["attrs"]["bias"] for r in report["regions"] if r["op"] == "VeoAttention" and r["replaced"]]
     assert all((b is not None) == (family in BIASED) for b in biased), biased
     patch = report["families"]["patch embedding"]

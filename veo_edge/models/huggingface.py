@@ -31,6 +31,7 @@ FAMILIES = {
     "dinov2_with_registers": "image",
     "vit_msn": "image",
     "swin": "image",
+    "swinv2": "image",
     "videomae": "video",
     "timesformer": "video",
     "vivit": "video",

@@ -26,7 +26,10 @@ ADVICE = {
     "bias_layout": "a reshape or transpose sits between the additive bias and the softmax",
     "masked_fill": "the scores are masked with Where (masked_fill) rather than an additive bias",
     "kv_cache": "the Attention op has past key/value inputs (decoder-style attention)",
-    "scores_matmul": "the softmax does not read Q·Kᵀ (a classifier or pooling softmax, not attention)",
+    "scores_matmul": (
+        "the softmax does not read Q·Kᵀ, scaled by one number at most (a classifier or pooling softmax; or "
+        "attention that scales its scores per head, as Swin V2's cosine attention does)"
+    ),
     "context_matmul": (
         "the softmax output is used by more than the context MatMul (attention weights returned or "
         "post-processed); export without output_attentions / need_weights"
