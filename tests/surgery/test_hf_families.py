@@ -182,6 +182,156 @@ def test_a_hugging_face_checkpoint_builds_with_what_fuses_said_per_family(family
     assert "plugins_onnx" in m["artifacts"]
 
 
+#: a tiny text tower for the full CLIP and SigLIP checkpoints (its token ids inside its vocabulary); the build
+#: neither loads nor builds it
+TEXT = {"vocab_size": 99, "max_position_embeddings": 16, "bos_token_id": 0, "eos_token_id": 2, **SMALL}
+TOWER = {"image_size": 32, "patch_size": 8, **SMALL}
+
+
+def save_tower(family: str, path):
+    """A save_pretrained directory of a CLIP or SigLIP checkpoint (``clip``, ``siglip``: text and vision;
+    ``clip_vision_model``, ``clip_vision_model_projection``, ``siglip_vision_model``: a vision tower alone),
+    with its processor. CLIP's projection (16) is narrower than its tower (32), as ViT-L/14's 768 from 1024."""
+    tf = transformers
+    torch.manual_seed(0)
+    clip_proc = tf.CLIPImageProcessorPil(**CROP)  # shortest edge, centre crop, bicubic, CLIP's mean/std
+    siglip_proc = tf.SiglipImageProcessorPil(**SQUARE)  # bicubic to 32x32, mean/std 0.5
+    model, processor = {
+        "clip": lambda: (
+            tf.CLIPModel(tf.CLIPConfig(text_config=TEXT, vision_config=TOWER, projection_dim=16)),
+            clip_proc,
+        ),
+        "clip_vision_model": lambda: (tf.CLIPVisionModel(tf.CLIPVisionConfig(**TOWER)), clip_proc),
+        "clip_vision_model_projection": lambda: (
+            tf.CLIPVisionModelWithProjection(tf.CLIPVisionConfig(**TOWER, projection_dim=16)),
+            clip_proc,
+        ),
+        "siglip": lambda: (
+            tf.SiglipModel(tf.SiglipConfig(text_config=TEXT, vision_config=TOWER)),
+            siglip_proc,
+        ),
+        "siglip_vision_model": lambda: (tf.SiglipVisionModel(tf.SiglipVisionConfig(**TOWER)), siglip_proc),
+    }[family]()
+    model.eval().save_pretrained(path)
+    processor.save_pretrained(path)
+    return path
+
+
+def _image_features(model, x):
+    """What ``get_image_features`` returns (transformers 5: an output whose pooler_output it is; 4: it)."""
+    with torch.no_grad():
+        out = model.get_image_features(pixel_values=x)
+    return getattr(out, "pooler_output", out)
+
+
+#: family -> (served output, its width, processor, attention fused of candidates, why the rest was left alone)
+TOWERS = {
+    "clip": ("image_embeds", 16, "CLIPImageProcessor", (2, 2), set()),
+    # SigLIP's pooling head: nn.MultiheadAttention of one learned probe query over the encoder's tokens,
+    # Q projected from the probe, K and V packed from the tokens: cross-attention, not VeoAttention's
+    "siglip": ("pooler_output", 32, "SiglipImageProcessor", (2, 3), {"qkv_source"}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(TOWERS))
+def test_a_full_clip_or_siglip_checkpoint_builds_its_vision_towers_image_embeddings(family, tmp_path) -> None:
+    """CLIPModel / SiglipModel (text and vision): the build serves what get_image_features returns (CLIP:
+    the pooled output projected, unnormalised; SigLIP: its attention-pooling head), without the text tower,
+    with the processor's preprocessing and no labels."""
+    import onnxruntime as ort
+    from PIL import Image
+
+    from veo_edge.preprocess import Preprocess
+
+    ckpt = save_tower(family, tmp_path / family)
+    res = run_build(
+        BuildOptions(source=HuggingFaceSource(str(ckpt)), out=tmp_path / "b", quiet=True, max_batch=2)
+    )
+    m = res.manifest
+    output, width, processor, (fused, candidates), left = TOWERS[family]
+    config = m["model"]["config"]
+    assert (config["model_type"], config["output"]) == (family, output)
+    assert config["architecture"] == (
+        "CLIPVisionModelWithProjection" if family == "clip" else "SiglipVisionModel"
+    )
+    assert m["outputs"][0]["shape"] == [-1, width] and m["input_shape"] == [3, 32, 32]
+    assert "labels" not in m
+    assert any(
+        n.startswith("the build serves the ") and "the text tower is not built" in n for n in res.notes
+    )
+    # the ONNX graph answers as transformers' own full model does
+    full = (transformers.CLIPModel if family == "clip" else transformers.SiglipModel).from_pretrained(ckpt)
+    x = torch.randn(2, 3, 32, 32)
+    session = ort.InferenceSession(str(tmp_path / "b" / "model.onnx"), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    np.testing.assert_allclose(got, _image_features(full.eval(), x).numpy(), atol=1e-4)
+    assert {(s["candidate"], s["batch"]) for s in m["parity"]} == {
+        (c, b) for c in ("onnxruntime", "openvino") for b in (1, 2)
+    }
+    # the preprocessing recorded is the processor's, and makes what it makes of a picture
+    prep = m["preprocess"]
+    proc = transformers.AutoImageProcessor.from_pretrained(ckpt, backend="pil")
+    assert prep["processor"] == processor and prep["resample_name"] == "bicubic"
+    assert prep["image_mean"] == pytest.approx(proc.image_mean) and prep["image_std"] == pytest.approx(
+        proc.image_std
+    )
+    assert prep["size"] == ({"shortest_edge": 36} if family == "clip" else {"height": 32, "width": 32})
+    picture = Image.fromarray(np.random.default_rng(0).integers(0, 256, (45, 60, 3), dtype=np.uint8))
+    np.testing.assert_allclose(
+        Preprocess.from_manifest(prep)(picture), proc(images=picture)["pixel_values"][0], atol=1e-4
+    )
+    # the surgery: the encoder's attention fuses as ViT's does; SigLIP's pooling head is left alone
+    report = json.loads((tmp_path / "b" / "surgery_report.json").read_text())
+    attention = report["families"]["attention"]
+    print(f"{family}: " + json.dumps({k: v["fused"] for k, v in report["families"].items()}))
+    assert (attention["fused"], attention["candidates"]) == (fused, candidates), report["families"]
+    assert {g["check"] for g in attention["left_alone"]} == left
+    alone = [r["anchor"] for r in report["regions"] if r["op"] == "VeoAttention" and not r["replaced"]]
+    assert all("/head/attention/" in a for a in alone), alone
+    assert report["families"]["patch embedding"]["fused"] == 1
+    assert all(c["passed"] for c in report["reference_check"])
+
+
+def test_clip_and_siglip_vision_towers_alone_serve_their_embeddings(tmp_path) -> None:
+    """Standalone vision checkpoints: CLIPVisionModelWithProjection serves its image_embeds, CLIPVisionModel
+    (no projection) and SiglipVisionModel their pooler_output; a full CLIP checkpoint takes its picture size
+    from its vision config, and one that lacks a weight of its tower is refused in one line."""
+    from veo_edge.models.huggingface import load
+
+    x = torch.randn(2, 3, 32, 32)
+    for family, output, served in (
+        ("clip_vision_model_projection", "image_embeds", "the image embeddings of CLIP's vision tower"),
+        ("clip_vision_model", "pooler_output", "the pooled output of CLIP's vision tower"),
+        ("siglip_vision_model", "pooler_output", "the pooled output of SigLIP's vision tower"),
+    ):
+        ckpt = save_tower(family, tmp_path / family)
+        hf = load(str(ckpt))
+        assert (hf.output, hf.labels, hf.input_shape) == (output, None, (3, 32, 32))
+        assert hf.architecture == type(hf.module.model).__name__
+        assert any(n.startswith(f"the build serves {served} (") for n in hf.notes), hf.notes
+        assert not any("text tower" in n for n in hf.notes)
+        with torch.no_grad():
+            want = getattr(type(hf.module.model).from_pretrained(ckpt).eval()(pixel_values=x), output)
+            torch.testing.assert_close(hf.module(x), want)
+    # a vision tower whose config names a projection its weights lack
+    ckpt = tmp_path / "clip_vision_model"
+    config = json.loads((ckpt / "config.json").read_text())
+    config["architectures"] = ["CLIPVisionModelWithProjection"]
+    (ckpt / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        ModelLoadError, match=r"lacks 1 of CLIPVisionModelWithProjection's weights \(visual_proj"
+    ):
+        load(str(ckpt))
+    # a full checkpoint: the picture size is its vision tower's
+    ckpt = save_tower("clip", tmp_path / "clip")
+    transformers.CLIPImageProcessorPil(
+        size={"height": 48, "width": 48}, do_center_crop=False
+    ).save_pretrained(ckpt)
+    with pytest.raises(ModelLoadError, match="the processor makes 48x48 pictures but the model takes 32x32"):
+        load(str(ckpt))
+
+
 def test_deit_serves_the_mean_of_its_two_heads(tmp_path) -> None:
     """What DeiTForImageClassificationWithTeacher returns: (cls head + distillation head) / 2."""
     from veo_edge.models.huggingface import load

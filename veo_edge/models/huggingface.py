@@ -2,13 +2,16 @@
 local cache) -> a module that returns what is served, its input shape, labels and preprocessing.
 
 ``transformers`` is optional (``pip install 'veo-edge[hf]'``) and imported only here, only when a
-checkpoint is loaded. Supported families are listed in :data:`FAMILIES`; the served output is the
+checkpoint is loaded. Supported families are listed in
+:data:`~veo_edge.models.hf_families.FAMILIES`; the served output is the
 classification logits (for DeiT with a distillation head, what ``DeiTForImageClassificationWithTeacher``
 returns: the mean of both heads), or for a bare backbone its pooled output, else its last hidden state.
+CLIP and SigLIP (:data:`VISION_TOWERS`) build their vision tower alone and serve its image embeddings.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass, field
@@ -16,30 +19,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from veo_edge.errors import ModelLoadError, UsageError
+from veo_edge.models.hf_families import (
+    FAMILIES,
+    RESAMPLES_POSITIONS,
+    TOWER_SERVES,
+    VISION_TOWERS,
+    positions_at,
+)
 from veo_edge.preprocess.image import Preprocess
 
 if TYPE_CHECKING:
     from torch import nn
 
-#: model_type -> "image" or "video" (the families built and tested here)
-FAMILIES = {
-    "vit": "image",
-    "deit": "image",
-    "beit": "image",
-    "data2vec-vision": "image",
-    "dinov2": "image",
-    "dinov2_with_registers": "image",
-    "vit_msn": "image",
-    "swin": "image",
-    "swinv2": "image",
-    "videomae": "video",
-    "timesformer": "video",
-    "vivit": "video",
-}
-#: the families whose embeddings resample their position table to the picture's size on every call. Their
-#: Hub checkpoints record the size they were pretrained at (``image_size`` 518 for DINOv2) while their
-#: processors crop to another (224): the build takes the processor's size
-RESAMPLES_POSITIONS = {"dinov2", "dinov2_with_registers"}
 #: the processor fields copied into :class:`Preprocess`
 _FIELDS = (
     "size",
@@ -137,14 +128,16 @@ def load(path_or_id: str, attn_implementation: str | None = None) -> HfModel:
             f"{', '.join(FAMILIES)}"
         )
     kind = FAMILIES[model_type]
-    preprocess = load_preprocess(path, kind, config)
+    full = model_type in VISION_TOWERS and hasattr(config, "vision_config")  # CLIPModel, SiglipModel
+    vision = config.vision_config if full else config  # what the picture size, channels, patches come from
+    preprocess = load_preprocess(path, kind, vision)
     arch = (getattr(config, "architectures", None) or [""])[0]
-    input_shape = _input_shape(config, kind)
+    input_shape = _input_shape(vision, kind)
     notes = []
     hw = preprocess.output_hw
     if hw is not None and tuple(hw) != tuple(input_shape[-2:]):
         trained = f"{input_shape[-2]}x{input_shape[-1]}"
-        patch = config.patch_size if isinstance(config.patch_size, int) else None
+        patch = vision.patch_size if isinstance(vision.patch_size, int) else None
         if model_type not in RESAMPLES_POSITIONS or patch is None or hw[0] % patch or hw[1] % patch:
             raise ModelLoadError(
                 f"--hf {path}: the processor makes {hw[0]}x{hw[1]} pictures but the model takes {trained}"
@@ -167,7 +160,10 @@ def load(path_or_id: str, attn_implementation: str | None = None) -> HfModel:
         id2label = getattr(config, "id2label", None) or {}
         n = len(id2label)
         labels = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(n)] if n else None
-    if output != "logits":
+    serves = TOWER_SERVES.get((model_type.removesuffix("_vision_model"), output))
+    if serves:
+        notes.append(f"the build serves {serves}" + ("; the text tower is not built" if full else ""))
+    elif output != "logits":
         notes.append(f"{arch or model_type} has no classification head: the build serves its {output}")
     # a hub snapshot's folder is named by its commit: name the build after the id instead
     local = Path(path_or_id).expanduser().is_dir()
@@ -222,6 +218,14 @@ def _load_module(
     elif arch.endswith("ForVideoClassification"):
         cls = getattr(tf, arch, None) or tf.AutoModelForVideoClassification
         output = "logits"
+    elif config.model_type in VISION_TOWERS:
+        name = arch if arch.endswith("VisionModelWithProjection") else VISION_TOWERS[config.model_type]
+        cls = getattr(tf, name)
+        output = "image_embeds" if name.endswith("WithProjection") else ""
+        if hasattr(config, "vision_config"):  # a full checkpoint: its projection's width is the model's
+            kw["config"] = copy.deepcopy(config.vision_config)
+            if hasattr(config, "projection_dim"):
+                kw["config"].projection_dim = config.projection_dim
     else:
         cls = tf.AutoModel
         output = ""
@@ -229,52 +233,32 @@ def _load_module(
 
     bar = hf_logging.is_progress_bar_enabled()  # its "Loading weights" bar drew above our own progress
     hf_logging.disable_progress_bar()
+    tower = config.model_type in VISION_TOWERS and output != "logits"
+    verbosity = hf_logging.get_verbosity()
+    if tower:  # its report lists every weight of the text tower as unexpected: missing ones are refused below
+        hf_logging.set_verbosity_error()
     try:
-        model = cls.from_pretrained(path, **kw).eval()
+        model, info = cls.from_pretrained(path, output_loading_info=True, **kw)
+        model.eval()
     except Exception as e:
         raise ModelLoadError(
             f"--hf {path}: cannot load the {arch or config.model_type} weights ({type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''})"
         ) from e
     finally:
+        hf_logging.set_verbosity(verbosity)
         if bar:
             hf_logging.enable_progress_bar()
-    _positions_at(model, (shape[-2], shape[-1]))
+    missing = sorted(info.get("missing_keys") or ()) if tower else []
+    if missing:
+        raise ModelLoadError(
+            f"--hf {path}: the checkpoint lacks {len(missing)} of {cls.__name__}'s weights "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
+        )
+    positions_at(model, (shape[-2], shape[-1]))
     if not output:
         output = _backbone_output(model, kind, shape)
     return served_module(model, output), output, type(model).__name__
-
-
-def _positions_at(model: nn.Module, hw: tuple[int, int]) -> None:
-    """Give DINOv2's embeddings their position table at the build's picture size, computed once.
-
-    transformers resamples the table on every call whose size differs from the table's and, whenever the
-    model is traced, on every call (so that a traced graph takes any size): bicubic for DINOv2, antialiased
-    bicubic for DINOv2 with registers, which the TorchScript ONNX exporter cannot translate
-    (``aten::_upsample_bicubic2d_aa``). A build takes one size: the table is resampled here by
-    transformers' own code, untraced (the identity at the size it was made for), and the embeddings use it
-    as is at that size, so the exported graph carries no resampling."""
-    import torch
-
-    for m in model.modules():
-        if type(m).__name__ not in ("Dinov2Embeddings", "Dinov2WithRegistersEmbeddings"):
-            continue
-        table = m.position_embeddings
-        ph, pw = m.patch_embeddings.patch_size
-        with torch.no_grad():
-            probe = table.new_zeros(1, 1 + (hw[0] // ph) * (hw[1] // pw), table.shape[-1])
-            resampled = m.interpolate_pos_encoding(probe, hw[0], hw[1])
-        if resampled.shape != table.shape or not torch.equal(resampled, table):
-            m.position_embeddings = torch.nn.Parameter(resampled.detach().clone(), requires_grad=False)
-
-        def at_size(embeddings: Any, height: int, width: int, m: Any = m) -> Any:
-            if (height, width) != hw:
-                raise ModelLoadError(
-                    f"this model was loaded for {hw[0]}x{hw[1]} pictures, not {height}x{width}"
-                )
-            return m.position_embeddings
-
-        m.interpolate_pos_encoding = at_size
 
 
 def _backbone_output(model: nn.Module, kind: str, shape: tuple[int, ...]) -> str:
