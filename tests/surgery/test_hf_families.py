@@ -10,6 +10,8 @@ every head (transformers' log(10)) is not what a trained Swin V2 has."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,9 +19,11 @@ import pytest
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (dev extra)")
 torch = pytest.importorskip("torch")
 
+from veo_edge.builddir import BuildDir  # noqa: E402
 from veo_edge.errors import ModelLoadError  # noqa: E402
 from veo_edge.export.hf_source import HuggingFaceSource  # noqa: E402
 from veo_edge.pipeline.build import BuildOptions, run_build  # noqa: E402
+from veo_edge.runtime.runtime import Runtime  # noqa: E402
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 LABELS = {0: "cat", 1: "dog", 2: "eel", 3: "fox", 4: "gnu"}
@@ -157,6 +161,7 @@ def test_a_hugging_face_checkpoint_builds_with_what_fuses_said_per_family(family
     # what the checkpoint knows is in the manifest
     assert m["labels"] == list(LABELS.values())
     assert m["model"]["config"]["model_type"] == family and m["model"]["config"]["output"] == "logits"
+    assert [o["name"] for o in m["outputs"]] == ["logits"]
     prep = m["preprocess"]
     assert prep["num_frames"] == (4 if family in VIDEO else None)
     assert m["input_shape"] == ([4, 3, 32, 32] if family in VIDEO else [3, 32, 32])
@@ -255,7 +260,8 @@ def test_a_full_clip_or_siglip_checkpoint_builds_its_vision_towers_image_embeddi
     assert config["architecture"] == (
         "CLIPVisionModelWithProjection" if family == "clip" else "SiglipVisionModel"
     )
-    assert m["outputs"][0]["shape"] == [-1, width] and m["input_shape"] == [3, 32, 32]
+    assert m["outputs"] == [{"name": output, "shape": [-1, width], "dtype": "float32"}]  # what clients see
+    assert m["input_shape"] == [3, 32, 32]
     assert "labels" not in m
     assert any(
         n.startswith("the build serves the ") and "the text tower is not built" in n for n in res.notes
@@ -265,7 +271,34 @@ def test_a_full_clip_or_siglip_checkpoint_builds_its_vision_towers_image_embeddi
     x = torch.randn(2, 3, 32, 32)
     session = ort.InferenceSession(str(tmp_path / "b" / "model.onnx"), providers=["CPUExecutionProvider"])
     (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
-    np.testing.assert_allclose(got, _image_features(full.eval(), x).numpy(), atol=1e-4)
+    want = _image_features(full.eval(), x).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    # and so does the served IR, its input asked for by the ONNX model's name (CLIP casts its pixels first:
+    # the converter had named the IR's input after that Cast, and every inference asked for the wrong name)
+    with Runtime(BuildDir.open(tmp_path / "b"), backend="openvino").start() as rt:
+        assert rt.describe()["precision"] == "f32"
+        np.testing.assert_allclose(rt.infer(x.numpy()), want, atol=1e-4)
+    if family == "clip":  # `veo-edge infer` shows features as features, not as classes
+        np.save(tmp_path / "x.npy", x.numpy())
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "veo_edge.cli.main",
+                "infer",
+                str(tmp_path / "b"),
+                "--input",
+                str(tmp_path / "x.npy"),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        said = json.loads(r.stdout)
+        assert said["output"] == "image_embeds" and "top_k" not in said and said["precision"] == "f32"
+        np.testing.assert_allclose(np.array(said["values"]), want, atol=1e-4)
     assert {(s["candidate"], s["batch"]) for s in m["parity"]} == {
         (c, b) for c in ("onnxruntime", "openvino") for b in (1, 2)
     }
@@ -358,6 +391,7 @@ def test_a_bare_backbone_builds_with_its_pooled_output_and_says_so(tmp_path) -> 
     )
     assert res.manifest["model"]["config"]["output"] == "pooler_output"
     assert res.manifest["outputs"][0]["shape"] == [-1, 32]
+    assert res.manifest["outputs"][0]["name"] == "pooler_output"  # what clients see in the model's metadata
     assert "labels" not in res.manifest
     assert any("no classification head: the build serves its pooler_output" in n for n in res.notes)
 

@@ -110,6 +110,8 @@ def infer(
         latency_ms = (time.perf_counter() - start) * 1e3
         described = rt.describe()
         state = rt.state
+    # what the model serves: class scores, or (a Hugging Face backbone, CLIP, SigLIP) features
+    served = ((rt.build.manifest.get("model") or {}).get("config") or {}).get("output") or "logits"
     k = min(top_k, logits.shape[-1])
     top = np.argsort(-logits, axis=-1)[:, :k]
     result = {
@@ -122,15 +124,19 @@ def infer(
         "input_shape": list(x.shape),
         "output_shape": list(logits.shape),
         "latency_ms": round(latency_ms, 3),
-        "top_k": [
+        "output": served,
+    }
+    if served == "logits":
+        result["top_k"] = [
             [
                 {"class": int(c), "logit": float(logits[i, c])}
                 | ({"label": labels[c]} if labels and c < len(labels) else {})
                 for c in row
             ]
             for i, row in enumerate(top)
-        ],
-    }
+        ]
+    else:  # features have no classes to rank: each sample's values, and their L2 norm
+        result["values"] = logits.tolist()
     if json_out:
         print_json(result)
         return
@@ -145,20 +151,24 @@ def infer(
         c.print(f"  skipped {skip['backend']}: {skip['reason']}", soft_wrap=True)
     for sw in state.switches:
         c.print(f"  switched {sw['from']} -> {sw['to']}: {sw['reason']}", soft_wrap=True)
-    for i, row in enumerate(result["top_k"][:8]):
+    for i in range(min(len(logits), 8)):
         if image and i < len(image):
             name = str(image[i])
         elif input_file is None and video is None:  # no input given: say the answer is to random data
             name = f"random sample {i} (seed {seed})"
         else:
             name = f"sample {i}"
-        c.print(
-            f"  {name}: " + ", ".join(f"{t.get('label', t['class'])} (logit {t['logit']:.3f})" for t in row),
-            markup=False,
-            soft_wrap=True,
-        )
-    if len(result["top_k"]) > 8:
-        c.print(f"  ... {len(result['top_k']) - 8} more samples (use --json for all)")
+        if served == "logits":
+            said = ", ".join(
+                f"{t.get('label', t['class'])} (logit {t['logit']:.3f})" for t in result["top_k"][i]
+            )
+        else:
+            v = logits[i].ravel()
+            head = ", ".join(f"{x:.4f}" for x in v[:4]) + (", ..." if v.size > 4 else "")
+            said = f"{served} {list(logits[i].shape)}: {head} (L2 norm {float(np.linalg.norm(v)):.4f})"
+        c.print(f"  {name}: {said}", markup=False, soft_wrap=True)
+    if len(logits) > 8:
+        c.print(f"  ... {len(logits) - 8} more samples (use --json for all)")
 
 
 def register(app: typer.Typer) -> None:

@@ -36,13 +36,17 @@ class OnnxExport:
         if self.exporter not in ("torchscript", "dynamo"):
             raise UsageError(f"unknown exporter {self.exporter!r}; choose torchscript or dynamo")
 
-    def __call__(self, module: nn.Module, input_shape: tuple[int, ...], path: Path) -> Path:
+    def __call__(
+        self, module: nn.Module, input_shape: tuple[int, ...], path: Path, output_name: str = OUTPUT_NAME
+    ) -> Path:
+        """``output_name``: what the served output is called (a Hugging Face backbone's ``pooler_output``,
+        CLIP's ``image_embeds``); clients see it in the model's metadata."""
         import torch
 
         sample = torch.zeros(2, *input_shape)  # batch 2: a batch of 1 can get specialised away
         kwargs: dict = {
             "input_names": [INPUT_NAME],
-            "output_names": [OUTPUT_NAME],
+            "output_names": [output_name],
             "opset_version": self.opset,
         }
         if self.exporter == "dynamo":
@@ -51,7 +55,7 @@ class OnnxExport:
                 dynamo=True, dynamic_shapes={_first_arg(module): {0: batch}}, optimize=True, verbose=False
             )
         else:
-            kwargs.update(dynamo=False, dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}})
+            kwargs.update(dynamo=False, dynamic_axes={INPUT_NAME: {0: "batch"}, output_name: {0: "batch"}})
         with warnings.catch_warnings(), torch.no_grad(), _quiet_exporter():
             warnings.simplefilter("ignore")
             try:

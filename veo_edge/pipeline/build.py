@@ -22,7 +22,7 @@ from veo_edge.errors import ParityError, UsageError
 from veo_edge.export.accuracy import MAX_ACCURACY_DROP
 from veo_edge.export.canary import MIN_COSINE, Canary, canary_sample, compare_canary
 from veo_edge.export.hf_source import HuggingFaceSource
-from veo_edge.export.onnx_export import Exporter, OnnxExport, check_onnx
+from veo_edge.export.onnx_export import OUTPUT_NAME, Exporter, OnnxExport, check_onnx
 from veo_edge.export.openvino_ir import OpenVinoConvert
 from veo_edge.export.parity import ParityStats, TorchReference, check_all
 from veo_edge.export.source import BuiltinSource, LoadedModel, ModuleSource, OnnxSource, inline_external_data
@@ -129,7 +129,7 @@ def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: Stage
     if loaded.module is not None:
         with rep.stage("export", f"Exporting to ONNX ({opts.exporter}, opset {opts.opset})"):
             OnnxExport(opset=opts.opset, exporter=opts.exporter, max_batch=opts.max_batch)(
-                loaded.module, loaded.input_shape, onnx_path
+                loaded.module, loaded.input_shape, onnx_path, loaded.config.get("output") or OUTPUT_NAME
             )
     else:
         with rep.stage("export", "Checking the ONNX model"):
