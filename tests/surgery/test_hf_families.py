@@ -30,6 +30,15 @@ LABELS = {0: "cat", 1: "dog", 2: "eel", 3: "fox", 4: "gnu"}
 IMAGE = {"image_size": 32, "patch_size": 8, "id2label": LABELS, "label2id": {v: k for k, v in LABELS.items()}}
 SQUARE = {"size": {"height": 32, "width": 32}}
 CROP = {"size": {"shortest_edge": 36}, "crop_size": {"height": 32, "width": 32}}
+#: a one-stage Swin (V1 or V2) of two blocks: unshifted, then shifted windows
+WINDOWS = {
+    "image_size": 32,
+    "patch_size": 4,
+    "embed_dim": 16,
+    "depths": [2],
+    "num_heads": [2],
+    "window_size": 4,
+}
 
 
 def _family(name: str):
@@ -59,28 +68,11 @@ def _family(name: str):
         return tf.Data2VecVisionForImageClassification(cfg), tf.BeitImageProcessorPil(
             **SQUARE, do_center_crop=False
         )
-    if name == "swin":
-        cfg = tf.SwinConfig(
-            image_size=32,
-            patch_size=4,
-            embed_dim=16,
-            depths=[2],
-            num_heads=[2],
-            window_size=4,
-            id2label=LABELS,
-        )
-        return tf.SwinForImageClassification(cfg), tf.ViTImageProcessorPil(**SQUARE)
-    if name == "swinv2":  # as the Hub's swinv2-*: cosine attention, continuous position bias
-        cfg = tf.Swinv2Config(
-            image_size=32,
-            patch_size=4,
-            embed_dim=16,
-            depths=[2],
-            num_heads=[2],
-            window_size=4,
-            id2label=LABELS,
-        )
-        return tf.Swinv2ForImageClassification(cfg), tf.ViTImageProcessorPil(**SQUARE)
+    if name in ("swin", "swinv2"):  # swinv2 as the Hub's swinv2-*: cosine attention, continuous position bias
+        v2 = name == "swinv2"
+        cfg = (tf.Swinv2Config if v2 else tf.SwinConfig)(**WINDOWS, id2label=LABELS)
+        model = (tf.Swinv2ForImageClassification if v2 else tf.SwinForImageClassification)(cfg)
+        return model, tf.ViTImageProcessorPil(**SQUARE)
     if name == "videomae":
         cfg = tf.VideoMAEConfig(**IMAGE, **SMALL, num_frames=4, tubelet_size=2)
         return tf.VideoMAEForVideoClassification(cfg), tf.VideoMAEImageProcessorPil(**CROP)
