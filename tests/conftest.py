@@ -20,11 +20,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from veo_edge.privacy import keep_openvino_telemetry_off
+from veo_edge.privacy import keep_telemetry_off
 
 # the tests build and serve in their own processes too: as the veo-edge command does, they keep OpenVINO's
-# usage telemetry off (it sent ~30 events and cost ~2 s of CPU per model conversion; veo_edge/privacy.py)
-keep_openvino_telemetry_off()
+# and ONNX Runtime's usage telemetry off (OpenVINO's sent ~30 events and cost ~2 s of CPU per model
+# conversion; veo_edge/privacy.py)
+keep_telemetry_off()
 
 
 @pytest.fixture

@@ -67,9 +67,9 @@ INTERNAL_ERROR = 70
 
 def main(argv: list[str] | None = None) -> None:
     from veo_edge.errors import VeoEdgeError
-    from veo_edge.privacy import keep_openvino_telemetry_off
+    from veo_edge.privacy import keep_telemetry_off
 
-    keep_openvino_telemetry_off()  # before any command imports OpenVINO or NNCF (veo_edge/privacy.py)
+    keep_telemetry_off()  # before any command imports OpenVINO, NNCF or ONNX Runtime (veo_edge/privacy.py)
 
     args = sys.argv[1:] if argv is None else list(argv)
     try:

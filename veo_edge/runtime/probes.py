@@ -203,12 +203,15 @@ def probe_onnxruntime() -> Probe:
         import onnxruntime as ort
     except ImportError as e:
         return Probe("onnxruntime", False, reason=f"onnxruntime is not importable ({e})")
+    from veo_edge.privacy import onnxruntime_telemetry_state
+
     providers = ort.get_available_providers()
+    telemetry = onnxruntime_telemetry_state()
     return Probe(
         "onnxruntime",
         True,
-        f"ONNX Runtime {ort.__version__}; providers: {', '.join(providers)}",
-        data={"version": ort.__version__, "providers": providers},
+        f"ONNX Runtime {ort.__version__}; providers: {', '.join(providers)}; {telemetry}",
+        data={"version": ort.__version__, "providers": providers, "telemetry": telemetry},
     )
 
 
