@@ -8,6 +8,14 @@ do next.
 
 from __future__ import annotations
 
+#: exit code for a bug in veo-edge itself (sysexits' EX_SOFTWARE)
+INTERNAL_ERROR = 70
+
+
+def one_line(e: BaseException) -> str:
+    """An error's message on one line, as the command line and the healthcheck probe print it."""
+    return " ".join(part.strip() for part in str(e).splitlines() if part.strip())
+
 
 class VeoEdgeError(Exception):
     """Base of every veo-edge error."""

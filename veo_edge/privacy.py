@@ -52,16 +52,19 @@ def keep_telemetry_off() -> None:
     os.environ.setdefault(ORT_SWITCH, "1")
 
 
+def _openvino_blocked() -> bool:
+    return "openvino_telemetry" in sys.modules and sys.modules["openvino_telemetry"] is None
+
+
 def child_prelude() -> str:
     """The statement a ``python -c`` child of this process runs first to import as this process does
     (:mod:`veo_edge.runtime.imports`' checks): the block, where this process has it; else nothing."""
-    blocked = "openvino_telemetry" in sys.modules and sys.modules["openvino_telemetry"] is None
-    return "import sys; sys.modules['openvino_telemetry'] = None; " if blocked else ""
+    return "import sys; sys.modules['openvino_telemetry'] = None; " if _openvino_blocked() else ""
 
 
 def openvino_telemetry_state() -> str:
     """What this process does with OpenVINO's telemetry, in words (``veo-edge doctor``)."""
-    if child_prelude():
+    if _openvino_blocked():
         return "usage telemetry off (veo-edge's default; opt_in_out --opt_in turns it on)"
     if opted_in():
         return "usage telemetry on: you opted in (opt_in_out --opt_out turns it off)"

@@ -61,12 +61,9 @@ soak.register(app)
 verify.register(app)
 image.register(app)
 
-#: exit code for a bug in veo-edge itself (sysexits' EX_SOFTWARE)
-INTERNAL_ERROR = 70
-
 
 def main(argv: list[str] | None = None) -> None:
-    from veo_edge.errors import VeoEdgeError
+    from veo_edge.errors import INTERNAL_ERROR, VeoEdgeError, one_line
     from veo_edge.privacy import keep_telemetry_off
 
     keep_telemetry_off()  # before any command imports OpenVINO, NNCF or ONNX Runtime (veo_edge/privacy.py)
@@ -79,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
             if e.details:
                 sys.stderr.write(json.dumps(e.details, indent=2, default=str) + "\n")
             raise
-        line = " ".join(part.strip() for part in str(e).splitlines() if part.strip())
+        line = one_line(e)
         if e.details and "--json" in args:  # the specifics, machine-readable, where the command's JSON goes
             print_json({"error": line, "exit_code": e.exit_code, **e.details})
         from rich.markup import escape
@@ -94,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         from rich.markup import escape
 
-        line = " ".join(part.strip() for part in str(e).splitlines() if part.strip())
+        line = one_line(e)
         console(stderr=True).print(
             f"[bold red]internal error:[/] {type(e).__name__}: {escape(line)} (run with --debug for the traceback)",
             soft_wrap=True,

@@ -163,9 +163,8 @@ def serve(
     )
     access = make_policy(model_control_mode, load_token(control_token_file), (restrict_api or "").split(","))
     names = [p.strip() for p in policy.split(",") if p.strip()] if policy is not None else None
-    resolve_policy(
-        backend, names, fallback=True
-    )  # an unknown backend is a usage error before any port is bound
+    # an unknown backend is a usage error before any port is bound
+    resolve_policy(backend, names, fallback=True)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     options = ServeOptions(
         host=host,

@@ -117,6 +117,7 @@ class _Client:
         self.deadline = deadline
 
     def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+        """(status, headers with lower-case names, body)."""
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise HealthTimeoutError(f"no time left for {method} {path} (--timeout)")
@@ -124,7 +125,7 @@ class _Client:
         try:
             conn.request(method, self.prefix + path, body=body, headers=headers or {})
             resp = conn.getresponse()
-            return resp.status, dict(resp.getheaders()), resp.read()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
         except TimeoutError as e:
             raise HealthTimeoutError(f"{method} {self.url}{path} timed out (--timeout)") from e
         except (ConnectionError, OSError, http.client.HTTPException) as e:
@@ -174,7 +175,7 @@ def check_server(
             )
             if status != 200:
                 raise CanaryMismatchError(f"the server has no canary for {name!r}: {_error_of(body)}")
-            hlen = {k.lower(): v for k, v in headers.items()}.get("inference-header-content-length")
+            hlen = headers.get("inference-header-content-length")
             # a server before the binary form ignores the Accept header and answers JSON
             canary = (
                 _canary_from_binary(body, hlen) if hlen is not None else _canary_from_json(json.loads(body))
@@ -189,8 +190,7 @@ def check_server(
         )
         if status != 200:
             raise CanaryMismatchError(f"canary inference failed (HTTP {status}): {_error_of(resp)}")
-        lower = {k.lower(): v for k, v in headers.items()}
-        out = next(iter(decode_infer_response(resp, lower.get("inference-header-content-length")).values()))
+        out = next(iter(decode_infer_response(resp, headers.get("inference-header-content-length")).values()))
         result = compare_canary(out, canary)
         if not result.ok:
             raise CanaryMismatchError(f"{result.reason} (model {name!r} at {url})")

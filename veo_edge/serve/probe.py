@@ -16,8 +16,6 @@ import sys
 from typing import Any
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-#: exit code for a bug in veo-edge itself, as the command line's (sysexits' EX_SOFTWARE)
-INTERNAL_ERROR = 70
 
 
 def healthy_line(report: dict[str, Any]) -> str:
@@ -27,10 +25,6 @@ def healthy_line(report: dict[str, Any]) -> str:
     return (
         f"healthy: {where} (canary max abs {c['max_abs']:.3g} <= {c['atol']:.3g}, cosine {c['cosine']:.6f})"
     )
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(part.strip() for part in str(e).splitlines() if part.strip())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,17 +44,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --timeout {args.timeout} must be positive", file=sys.stderr)
         return 2
 
-    from veo_edge.errors import VeoEdgeError
+    from veo_edge.errors import INTERNAL_ERROR, VeoEdgeError, one_line
     from veo_edge.serve.health import check_server
 
     golden = os.environ.get("VEO_EDGE_BUILD_DIR") or None
     try:
         report = check_server(args.url, golden, args.model_name, timeout=args.timeout)
     except VeoEdgeError as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return e.exit_code
     except Exception as e:  # a bug in veo-edge: one line, as the command line says it
-        print(f"internal error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+        print(f"internal error: {type(e).__name__}: {one_line(e)}", file=sys.stderr)
         return INTERNAL_ERROR
     print(healthy_line(report))
     return 0
