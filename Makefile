@@ -9,12 +9,20 @@ PIP := $(PYTHON) -m pip
 
 .PHONY: setup demo plugins lint test arm64-check bench-tools
 
+# Python writes the bytecode of what it imports, in every recipe: some machines (this one) set
+# PYTHONDONTWRITEBYTECODE, and with it every process compiles from source again whatever it imports
+# (veo_edge, torch, OpenVINO, ...; the caches are git-ignored). setup leaves compiling to the first import
+unexport PYTHONDONTWRITEBYTECODE
+
 $(PYTHON):
 	$(BASE_PYTHON) -m venv $(VENV)
 
-# torch is pinned: 2.13.0 is the CPU build that pip takes from the machine's local disk
+# torch is pinned: 2.13.0 is the CPU build that pip takes from the machine's local disk. --no-compile:
+# pip byte-compiles every module of the 2.2 GB environment one by one (44 s of a 96 s install on a fast
+# 2-core machine, ~100 s on a slow one), most of them never imported; the first import of each module
+# that a run uses compiles and caches it instead (a few seconds, once)
 setup: $(PYTHON)
-	$(PIP) install --quiet --disable-pip-version-check torch==2.13.0 -e '.[dev]'
+	$(PIP) install --quiet --disable-pip-version-check --no-compile torch==2.13.0 -e '.[dev]'
 
 # set up, then build the built-in default model (vit-digits, trained on real data) into ./vit-digits
 # and show what the build proved (parity, plugin fusion, top-1 on the held-out test split)
@@ -36,11 +44,11 @@ lint:
 
 # three workers (pytest-xdist) on two cores: most tests wait on dockerd, servers and subprocesses; a test
 # file stays on one worker, the Docker tests form two groups (tests/conftest.py); the ten slowest are printed.
-# PYTHONDONTWRITEBYTECODE (some machines set it; this one does) is lifted for the run: with it every worker
-# compiles all test modules and veo_edge again to collect them (21 s of CPU against 12 s with the caches),
-# and every veo-edge process a test starts compiles veo_edge again; the caches are git-ignored
+# PYTHONDONTWRITEBYTECODE is lifted (above): with it every worker compiled all test modules and veo_edge
+# again to collect them (21 s of CPU against 12 s with the caches), and every process a test starts
+# compiled what it imports again
 test: setup plugins lint
-	env -u PYTHONDONTWRITEBYTECODE $(PYTHON) -m pytest -q -n 3 --dist loadgroup --durations=10
+	$(PYTHON) -m pytest -q -n 3 --dist loadgroup --durations=10
 
 # arm64 images under QEMU + Dockerfile.jetson and the A100 image against stand-in bases (needs root,
 # Docker, network; ~30 min on 2 cores; not part of `make test`): tools/arm64-check.sh, docs/images.md
