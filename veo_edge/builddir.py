@@ -158,6 +158,10 @@ class BuildDir:
     def max_batch(self) -> int:
         return int(self.manifest["max_batch"])
 
+    @property
+    def served_output(self) -> str:
+        return served_output(self.manifest)
+
     def has(self, kind: str) -> bool:
         return kind in self.manifest.get("artifacts", {})
 
@@ -267,6 +271,12 @@ class _progress:
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+def served_output(manifest: dict[str, Any]) -> str:
+    """What the model's output holds: ``logits`` (class scores), or the features a Hugging Face backbone,
+    CLIP or SigLIP serves (``pooler_output``, ``image_embeds``, ...), as the build recorded it."""
+    return ((manifest.get("model") or {}).get("config") or {}).get("output") or "logits"
 
 
 def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:

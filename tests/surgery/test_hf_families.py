@@ -24,6 +24,12 @@ from veo_edge.errors import ModelLoadError  # noqa: E402
 from veo_edge.export.hf_source import HuggingFaceSource  # noqa: E402
 from veo_edge.pipeline.build import BuildOptions, run_build  # noqa: E402
 from veo_edge.runtime.runtime import Runtime  # noqa: E402
+from veo_edge.serve.protocol import (  # noqa: E402
+    ModelSpec,
+    ProtocolError,
+    RequestedOutput,
+    check_requested_outputs,
+)
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 LABELS = {0: "cat", 1: "dog", 2: "eel", 3: "fox", 4: "gnu"}
@@ -255,6 +261,12 @@ def test_a_full_clip_or_siglip_checkpoint_builds_its_vision_towers_image_embeddi
     assert m["outputs"] == [{"name": output, "shape": [-1, width], "dtype": "float32"}]  # what clients see
     assert m["input_shape"] == [3, 32, 32]
     assert "labels" not in m
+    # a server of it (HTTP and gRPC check requests alike) ranks no classes of features
+    spec = ModelSpec.from_manifest(m)
+    assert spec.features == {output}
+    with pytest.raises(ProtocolError, match="holds features, not class scores"):
+        check_requested_outputs(spec, [RequestedOutput(output, True, 3)])
+    check_requested_outputs(spec, [RequestedOutput(output, True)])
     assert any(
         n.startswith("the build serves the ") and "the text tower is not built" in n for n in res.notes
     )
@@ -348,6 +360,20 @@ def test_clip_and_siglip_vision_towers_alone_serve_their_embeddings(tmp_path) ->
         ModelLoadError, match=r"lacks 1 of CLIPVisionModelWithProjection's weights \(visual_proj"
     ):
         load(str(ckpt))
+    # CLIPForImageClassification (a vision tower, a linear head on its patch tokens' mean, no text tower): its
+    # logits, labelled, through the classification path
+    torch.manual_seed(0)
+    cfg = transformers.CLIPConfig(
+        text_config=TEXT, vision_config=TOWER, id2label=LABELS, label2id={v: k for k, v in LABELS.items()}
+    )
+    model = transformers.CLIPForImageClassification(cfg).eval()
+    model.save_pretrained(tmp_path / "clip_cls")
+    transformers.CLIPImageProcessorPil(**CROP).save_pretrained(tmp_path / "clip_cls")
+    hf = load(str(tmp_path / "clip_cls"))
+    assert (hf.output, hf.labels, hf.input_shape) == ("logits", list(LABELS.values()), (3, 32, 32))
+    assert hf.architecture == "CLIPForImageClassification" and hf.notes == []
+    with torch.no_grad():
+        torch.testing.assert_close(hf.module(x), model(pixel_values=x).logits)
     # a full checkpoint: the picture size is its vision tower's
     ckpt = save_tower("clip", tmp_path / "clip")
     transformers.CLIPImageProcessorPil(

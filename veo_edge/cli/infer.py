@@ -111,7 +111,7 @@ def infer(
         described = rt.describe()
         state = rt.state
     # what the model serves: class scores, or (a Hugging Face backbone, CLIP, SigLIP) features
-    served = ((rt.build.manifest.get("model") or {}).get("config") or {}).get("output") or "logits"
+    served = rt.build.served_output
     k = min(top_k, logits.shape[-1])
     top = np.argsort(-logits, axis=-1)[:, :k]
     result = {

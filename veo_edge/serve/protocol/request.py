@@ -205,6 +205,11 @@ def check_requested_outputs(model: ModelSpec, requested: list[RequestedOutput]) 
             raise ProtocolError(
                 f"output {want.name!r} has classification (class_count) {want.class_count}; expected >= 0"
             )
+        if want.class_count and want.name in model.features:
+            raise ProtocolError(
+                f"output {want.name!r} of model {model.name!r} holds features, not class scores: "
+                "classification (class_count) has no classes to rank there; ask for the tensor itself"
+            )
         if want.class_count and len(spec.shape) != 2:
             raise ProtocolError(
                 f"output {want.name!r} has shape {spec.describe()}; class_count needs a [N, classes] output"

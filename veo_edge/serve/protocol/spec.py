@@ -89,18 +89,24 @@ class ModelSpec:
     #: how a picture becomes the input (a :class:`~veo_edge.preprocess.Preprocess`), when the build records
     #: it: the model then also takes encoded pictures as BYTES (see :mod:`veo_edge.serve.images`)
     preprocess: Any = field(default=None, compare=False)
+    #: the outputs that hold features (embeddings, pooled outputs), not class scores: no classification
+    features: frozenset[str] = frozenset()
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], name: str | None = None) -> ModelSpec:
+        from veo_edge.builddir import served_output
         from veo_edge.preprocess import Preprocess
 
         prep = manifest.get("preprocess")
+        outputs = tuple(TensorSpec.from_manifest(e) for e in manifest["outputs"])
+        features = () if served_output(manifest) == "logits" else [o.name for o in outputs]
         return cls(
             name=name or manifest["model"]["name"],
             inputs=tuple(TensorSpec.from_manifest(e) for e in manifest["inputs"]),
-            outputs=tuple(TensorSpec.from_manifest(e) for e in manifest["outputs"]),
+            outputs=outputs,
             max_batch=int(manifest["max_batch"]),
             preprocess=Preprocess.from_manifest(prep) if prep else None,
+            features=frozenset(features),
         )
 
 
