@@ -6,7 +6,8 @@ bias that depends on the input is refused with the reason.
 
 The bias tables are given seeded random values, as a trained model has: transformers initialises them to
 zero, and an all-zero bias is no bias (it would fuse as version 1 and prove nothing here). Dynamo exports
-take seconds each, so the default run covers each structure once (see FAST) and the rest run under slow."""
+take seconds each: the cases of FAST cover each structure once, and the others are marked slow, which
+``-m "not slow"`` leaves out of a quick local run (``make test`` and CI run them all)."""
 
 from __future__ import annotations
 
