@@ -193,8 +193,9 @@ TOWER = {"image_size": 32, "patch_size": 8, **SMALL}
 
 def save_tower(family: str, path):
     """A save_pretrained directory of a CLIP or SigLIP checkpoint (``clip``, ``siglip``: text and vision;
-    ``clip_vision_model``, ``clip_vision_model_projection``, ``siglip_vision_model``: a vision tower alone),
-    with its processor. CLIP's projection (16) is narrower than its tower (32), as ViT-L/14's 768 from 1024."""
+    ``clip_vision_model``, ``clip_vision_model_projection``, ``siglip_vision_model``: a vision tower alone;
+    ``clip_classification``: CLIPForImageClassification), with its processor. CLIP's projection (16) is
+    narrower than its tower (32), as ViT-L/14's 768 from 1024."""
     tf = transformers
     torch.manual_seed(0)
     clip_proc = tf.CLIPImageProcessorPil(**CROP)  # shortest edge, centre crop, bicubic, CLIP's mean/std
@@ -214,6 +215,18 @@ def save_tower(family: str, path):
             siglip_proc,
         ),
         "siglip_vision_model": lambda: (tf.SiglipVisionModel(tf.SiglipVisionConfig(**TOWER)), siglip_proc),
+        # a vision tower and a linear head on the mean of its patch tokens, no text tower
+        "clip_classification": lambda: (
+            tf.CLIPForImageClassification(
+                tf.CLIPConfig(
+                    text_config=TEXT,
+                    vision_config=TOWER,
+                    id2label=LABELS,
+                    label2id={v: k for k, v in LABELS.items()},
+                )
+            ),
+            clip_proc,
+        ),
     }[family]()
     model.eval().save_pretrained(path)
     processor.save_pretrained(path)
@@ -360,20 +373,14 @@ def test_clip_and_siglip_vision_towers_alone_serve_their_embeddings(tmp_path) ->
         ModelLoadError, match=r"lacks 1 of CLIPVisionModelWithProjection's weights \(visual_proj"
     ):
         load(str(ckpt))
-    # CLIPForImageClassification (a vision tower, a linear head on its patch tokens' mean, no text tower): its
-    # logits, labelled, through the classification path
-    torch.manual_seed(0)
-    cfg = transformers.CLIPConfig(
-        text_config=TEXT, vision_config=TOWER, id2label=LABELS, label2id={v: k for k, v in LABELS.items()}
-    )
-    model = transformers.CLIPForImageClassification(cfg).eval()
-    model.save_pretrained(tmp_path / "clip_cls")
-    transformers.CLIPImageProcessorPil(**CROP).save_pretrained(tmp_path / "clip_cls")
-    hf = load(str(tmp_path / "clip_cls"))
+    # CLIPForImageClassification: its logits, labelled, through the classification path
+    ckpt = save_tower("clip_classification", tmp_path / "clip_classification")
+    hf = load(str(ckpt))
     assert (hf.output, hf.labels, hf.input_shape) == ("logits", list(LABELS.values()), (3, 32, 32))
     assert hf.architecture == "CLIPForImageClassification" and hf.notes == []
     with torch.no_grad():
-        torch.testing.assert_close(hf.module(x), model(pixel_values=x).logits)
+        want = transformers.CLIPForImageClassification.from_pretrained(ckpt).eval()(pixel_values=x).logits
+        torch.testing.assert_close(hf.module(x), want)
     # a full checkpoint: the picture size is its vision tower's
     ckpt = save_tower("clip", tmp_path / "clip")
     transformers.CLIPImageProcessorPil(

@@ -112,8 +112,6 @@ def infer(
         state = rt.state
     # what the model serves: class scores, or (a Hugging Face backbone, CLIP, SigLIP) features
     served = rt.build.served_output
-    k = min(top_k, logits.shape[-1])
-    top = np.argsort(-logits, axis=-1)[:, :k]
     result = {
         "model": rt.build.model_name,
         "backend": state.active_backend,
@@ -127,6 +125,7 @@ def infer(
         "output": served,
     }
     if served == "logits":
+        top = np.argsort(-logits, axis=-1)[:, : min(top_k, logits.shape[-1])]
         result["top_k"] = [
             [
                 {"class": int(c), "logit": float(logits[i, c])}
