@@ -172,9 +172,10 @@ def test_a_backend_ahead_that_stays_down_is_tried_less_and_less_often(nano_build
             assert gap >= 0.75 * interval * min(2**k, BACKOFF_MAX), gaps
         assert len(times) <= 8  # a tick each 0.1 s would have tried about 15 times
         assert rt.active_backend == "openvino" and rt.stats()["requests_failure"] == 0
-        # healed just after an attempt failed (its next one 0.8 s away): readiness's path tries at once
+        # healed just after an attempt failed (its next one 0.8 s away): readiness's path tries at once.
+        # True says this call moved traffic itself: one that honoured the backoff would answer False, and
+        # one that waited for the clock would find the clock's attempt (healed by then) had moved first.
+        # No time bound: the warm-up it runs took 0.75 s under the suite's load once.
         assert wait_for(lambda: attempts() > seen, timeout=5)
-        failed_at = time.monotonic()
         clock.t = 0
         assert rt.try_recover() and rt.active_backend == "onnxruntime"
-        assert time.monotonic() - failed_at < 0.75 * interval * BACKOFF_MAX
