@@ -24,6 +24,7 @@ import json
 import os
 import random
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -340,8 +341,9 @@ def perf_analyzer(
 ) -> dict:
     """One perf_analyzer cell (batch 1, ``clients`` concurrent, at most 3 trials of ``seconds``): its CSV
     row as floats, plus ``rate`` (inferences/s), ``p50``/``p90``/``p99`` (ms), ``errors``. A cell it cannot
-    measure (a busy machine never looks stable) is reported and given NaN. The CUDA runtime of the
-    tritonclient wheel's venv, when there, is put on its library path."""
+    measure (a busy machine never looks stable) is reported and given NaN; ``client_cpu_s``: the CPU
+    perf_analyzer itself used over its whole run (user + system), which the server could not have. The
+    CUDA runtime of the tritonclient wheel's venv, when there, is put on its library path."""
     libs = [str(p) for p in Path(pa).resolve().parents[1].glob("lib/python3*/site-packages/nvidia/*/lib")]
     env = {**os.environ, "LD_LIBRARY_PATH": ":".join([*libs, os.environ.get("LD_LIBRARY_PATH", "")])}
     with tempfile.TemporaryDirectory() as tmp:
@@ -355,7 +357,10 @@ def perf_analyzer(
             str(int(seconds * 1e3)),
         ]
         cmd += ["--max-trials", "3", "--stability-percentage", "1000", "-f", str(out)]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds * 10 + 60, env=env)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        client_cpu_s = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
         if not out.is_file():
             tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
             print(
@@ -371,7 +376,7 @@ def perf_analyzer(
             }
         row = {k: float(v) for k, v in next(csv.DictReader(out.open())).items() if _number(v)}
     row.update({f"p{q}": row[f"p{q} latency"] / 1e3 for q in (50, 90, 99)}, rate=row["Inferences/Second"])
-    return {**row, "errors": 0}
+    return {**row, "errors": 0, "client_cpu_s": client_cpu_s}
 
 
 def _number(v: str) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shlex
 import signal
 import sys
@@ -47,6 +48,7 @@ SERVED = {
     "errors": ("errors", "{}"),
     "batch": ("mean batch", "{:.2f}"),
     "cpu_ms": ("server CPU ms/req", "{:.2f}"),
+    "client_cpu_ms": ("client CPU ms/req", "{:.2f}"),
     "rounds": ("samples/s each round", "{}"),
 }
 
@@ -131,6 +133,8 @@ def served_cells(args, build: Path, stack: contextlib.ExitStack, before_round=No
                     sent = _count(after) - _count(stats)
                 if sent and srv.pid:  # the server's CPU per request: robust to a busy machine, unlike latency
                     r["cpu_ms"] = (h.cpu_seconds(srv.pid) - cpu) * 1e3 / sent
+                if sent and "client_cpu_s" in r:  # perf_analyzer's: the machine's share the server lacked
+                    r["client_cpu_ms"] = r["client_cpu_s"] * 1e3 / sent
                 cells.setdefault((who, transport, path, k), []).append(r)
     table = report.Table("served", {k: v for k, v in SERVED.items() if k != "path" or len(paths) > 1})
     for (who, transport, path, k), rs in cells.items():
@@ -150,6 +154,7 @@ def served_cells(args, build: Path, stack: contextlib.ExitStack, before_round=No
             errors=sum(r["errors"] for r in rs),
             batch=sum(r.get("inferences", 0) for r in rs) / execs if execs else None,
             cpu_ms=report.median(r["cpu_ms"] for r in rs) if "cpu_ms" in rs[0] else None,
+            client_cpu_ms=report.median(r["client_cpu_ms"] for r in rs) if "client_cpu_ms" in rs[0] else None,
             # the spread between rounds shows how far the machine moved: a difference inside it is noise
             rounds=", ".join(f"{r['rate'] * scale:.1f}" for r in rs) if len(rs) > 1 else None,
         )
@@ -206,7 +211,9 @@ def cmd_limit(args) -> None:
 
     The raw rows are measured again before every round (the machine drifts 10-15 % within the hour), the
     median over rounds used. Each served row gets its share of both limits and its p50 minus both syncs;
-    with ``--pytriton``, its throughput over Triton's."""
+    with ``--perf-analyzer``, also its share of the limit scaled to the CPU the client left the server
+    (perf_analyzer runs on the same machine; the raw limit had every CPU); with ``--pytriton``, its
+    throughput over Triton's."""
     from veo_edge.builddir import BuildDir
 
     with h.build_dir(args.build_dir, args.model) as build, contextlib.ExitStack() as stack:
@@ -247,8 +254,14 @@ def cmd_limit(args) -> None:
         "sync_ms": ("p50 − sync", "{:+.2f}"),
         "static_ms": ("− static sync", "{:+.2f}"),
     }
+    if any(r.get("client_cpu_ms") for r in served.rows):
+        served.columns["of_left"] = ("of limit × CPU left by client", "{:.0%}")
+    cpus = len(os.sched_getaffinity(0))
     for r in served.rows:
         r.update(of_limit=r["samples_s"] / limit, of_static=r["samples_s"] / static)
+        if r.get("client_cpu_ms"):  # the limit had every CPU; the server had what the client left it
+            client_share = r["client_cpu_ms"] * r["samples_s"] / args.batch / 1e3 / cpus
+            r.update(of_left=r["of_limit"] / (1 - client_share))
         r.update(sync_ms=r["p50_ms"] - sync, static_ms=r["p50_ms"] - static_sync)
     tables = [rows, served]
     if args.pytriton:
