@@ -254,16 +254,27 @@ TOWERS = {
 def test_a_full_clip_or_siglip_checkpoint_builds_its_vision_towers_image_embeddings(family, tmp_path) -> None:
     """CLIPModel / SiglipModel (text and vision): the build serves what get_image_features returns (CLIP:
     the pooled output projected, unnormalised; SigLIP: its attention-pooling head), without the text tower,
-    with the processor's preprocessing and no labels."""
+    with the processor's preprocessing and no labels; no warning about the text config's token ids."""
+    import logging
+
     import onnxruntime as ort
     from PIL import Image
 
     from veo_edge.preprocess import Preprocess
 
     ckpt = save_tower(family, tmp_path / family)
-    res = run_build(
-        BuildOptions(source=HuggingFaceSource(str(ckpt)), out=tmp_path / "b", quiet=True, max_batch=2)
-    )
+    warned: list[str] = []  # what transformers logs while it loads (its own handler writes to stderr)
+    catch = logging.Handler(logging.WARNING)
+    catch.emit = lambda record: warned.append(record.getMessage())  # type: ignore[method-assign]
+    logging.Logger.warning_once.cache_clear()  # transformers warns once a process: this test's load warns anew
+    logging.getLogger("transformers").addHandler(catch)
+    try:
+        res = run_build(
+            BuildOptions(source=HuggingFaceSource(str(ckpt)), out=tmp_path / "b", quiet=True, max_batch=2)
+        )
+    finally:
+        logging.getLogger("transformers").removeHandler(catch)
+    assert not [w for w in warned if "_token_id must be" in w], warned
     m = res.manifest
     output, width, processor, (fused, candidates), left = TOWERS[family]
     config = m["model"]["config"]

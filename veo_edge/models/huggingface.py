@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,14 +114,26 @@ def resolve(path_or_id: str) -> Path:
         ) from e
 
 
+def _no_token_id_warnings(record: logging.LogRecord) -> bool:
+    """Drop transformers' "Model config: bos_token_id must be ... within the vocabulary" warnings. Every full
+    SigLIP checkpoint printed two (transformers 5.25 checks the default text config, a vocabulary of 32000
+    with CLIP's token ids 49406/49407, before it reads the checkpoint's own), and a vision build uses no
+    token id of any config."""
+    return "_token_id must be" not in record.getMessage()
+
+
 def load(path_or_id: str, attn_implementation: str | None = None) -> HfModel:
     """Load the checkpoint, its labels and its preprocessing; every refusal is one line."""
     path = resolve(path_or_id)
     tf = _transformers()
+    quiet = logging.getLogger("transformers.configuration_utils")
+    quiet.addFilter(_no_token_id_warnings)
     try:
         config = tf.AutoConfig.from_pretrained(path)
     except Exception as e:
         raise ModelLoadError(f"--hf {path}: cannot read config.json ({type(e).__name__}: {e})") from e
+    finally:
+        quiet.removeFilter(_no_token_id_warnings)
     model_type = getattr(config, "model_type", None)
     if model_type not in FAMILIES:
         raise ModelLoadError(
