@@ -45,7 +45,8 @@ def server(tmp_path: Path):
     procs: list[subprocess.Popen] = []
 
     def _start(build: Path, env: dict | None = None, grpc: bool = False) -> str:
-        """The server's http:// URL, or its grpc:// URL with ``grpc=True``."""
+        """The server's http:// URL, or its grpc:// URL with ``grpc=True`` (``_start.http``: the same
+        server's http:// URL, whose /metrics a gRPC soak may read)."""
         port, grpc_port = free_port(), free_port()
         log = open(tmp_path / f"serve-{len(procs)}.log", "w")  # noqa: SIM115 - the child's log
         ports = ["--port", str(port), "--grpc-port", str(grpc_port), "--metrics-port", "-1"]
@@ -64,7 +65,8 @@ def server(tmp_path: Path):
                     f"veo-edge serve did not get ready:\n{(tmp_path / 'serve-0.log').read_text()}"
                 )
             time.sleep(0.1)
-        return f"grpc://127.0.0.1:{grpc_port}" if grpc else f"http://127.0.0.1:{port}"
+        _start.http = f"http://127.0.0.1:{port}"
+        return f"grpc://127.0.0.1:{grpc_port}" if grpc else _start.http
 
     yield _start
     for proc in procs:

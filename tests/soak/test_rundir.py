@@ -75,6 +75,10 @@ def test_config_errors():
         SoakConfig(duration_s=1, url="http://h:1", chaos={"*": {"every_nth": 2}})
     with pytest.raises(UsageError, match=r"--batch 0 must be >= 1"):
         SoakConfig(duration_s=1, url="http://h:1", batch=0)
+    with pytest.raises(UsageError, match=r"--metrics-url goes with --url \(a server\)"):
+        SoakConfig(duration_s=1, build_dir="b", metrics_url="http://h:1/metrics")
+    with pytest.raises(UsageError, match=r"--metrics-url 'h:1/metrics' is not an http:// URL"):
+        SoakConfig(duration_s=1, url="grpc://h:1", metrics_url="h:1/metrics")
 
 
 def test_cli_errors_are_one_line_with_distinct_codes(capsys, tmp_path: Path, nano_build: Path):
@@ -127,6 +131,10 @@ def test_a_run_too_short_for_a_verdict_is_said_with_the_least_that_works():
     assert "with at least 1m06s" in SoakConfig(duration_s=60, url=u, warmup_s=58).too_short()
     assert SoakConfig(duration_s=3, url=u, window_s=1, sample_s=0.2).too_short() is None
     assert SoakConfig(duration_s=72 * 3600, url=u).too_short() is None
+    # over gRPC without --metrics-url no memory is sampled: only the jitter's window is needed
+    grpc = SoakConfig(duration_s=5, url="grpc://127.0.0.1:1").too_short()
+    assert "a whole 5.0s window: the verdict will fail" in grpc and "leak" not in grpc
+    assert SoakConfig(duration_s=6, url="grpc://127.0.0.1:1").too_short() is None
 
 
 def test_the_progress_line_says_dash_until_the_first_window(capsys):

@@ -20,11 +20,13 @@ def _cli(*argv: str) -> int:
     return exc.value.code
 
 
-def _complete_soak(run: Path, kind: str, capsys, *args: str) -> dict:
+def _complete_soak(run: Path, kind: str, capsys, *args: str, err: list | None = None) -> dict:
     """Run ``veo-edge soak ARGS --out RUN --no-live``; its report, checked complete with every request
-    answered and the exit code following the verdict."""
+    answered and the exit code following the verdict (``err`` gets what it printed on stderr)."""
     code = _cli("soak", *args, "--out", str(run), "--no-live")
-    out = capsys.readouterr().out
+    out, printed = capsys.readouterr()
+    if err is not None:
+        err.append(printed)
     report = json.loads((run / "report.json").read_text())
     assert code == (0 if report["verdict"]["pass"] else 50), out
     assert report["run"]["kind"] == kind and report["run"]["status"] == "complete"
@@ -57,6 +59,15 @@ def test_soak_against_a_server(nano_build: Path, server, tmp_path: Path, capsys)
         f"faults: openvino oom {faults}; retries: onnxruntime ok {retries}" in (run / "report.md").read_text()
     )
     assert report["batches_per_hour"] > 0  # nv_inference_exec_count moved
+    # refused before a run: a batch above the model's max_batch_size, a --metrics-url that does not answer
+    code = _cli("soak", "--url", url, "--duration", "5s", "--batch", "9", "--out", str(tmp_path / "b9"))
+    assert code == 2 and "(its max_batch_size is 8); give --batch 8 or less" in "".join(capsys.readouterr())
+    dead = f"{url}/no-metrics-here"
+    code = _cli("soak", "--url", url, "--duration", "5s", "--metrics-url", dead, "--out", str(tmp_path / "m"))
+    assert code == 2 and f"cannot read --metrics-url ({dead} answered HTTP 404)" in "".join(
+        capsys.readouterr()
+    )
+    assert not (tmp_path / "b9").exists() and not (tmp_path / "m").exists()
     assert report["latency_ms"]["overall"]["count"] == req["ok"]
 
     # re-judge: the same data against an impossible jitter target fails, a lenient one passes
@@ -70,12 +81,32 @@ def test_soak_against_a_server(nano_build: Path, server, tmp_path: Path, capsys)
 
 
 def test_soak_over_grpc(nano_build: Path, server, tmp_path: Path, capsys):
-    """The same soak through the server's KServe v2 gRPC port (tritonclient.grpc, raw contents)."""
+    """The same soak through the server's KServe v2 gRPC port (tritonclient.grpc, raw contents). gRPC has
+    no /metrics: without --metrics-url the leak check is skipped, said before the run and in the verdict,
+    and the run can pass; with the server's /metrics its memory is fitted as over HTTP."""
     url = server(nano_build, grpc=True)
     args = ["--url", url, "--model-name", "vit-nano", "--duration", "5s", "--rate", "20"]
-    args += ["--sample-interval", "0.5s", "--window", "2.5s"]  # one whole window, as 10 s at the defaults
-    report = _complete_soak(
-        tmp_path / "run-grpc", "grpc", capsys, *args, "--max-jitter-ms", "1e6", "--leak-floor", "1T"
-    )
+    args += ["--sample-interval", "0.25s", "--window", "2.5s", "--max-jitter-ms", "1e6", "--leak-floor", "1T"]
+    err: list[str] = []
+    report = _complete_soak(tmp_path / "run-grpc", "grpc", capsys, *args, err=err)
+    assert "warning: gRPC carries no /metrics, so the server's memory is not sampled" in err[0]
     assert report["latency_ms"]["overall"]["count"] == report["requests"]["ok"]
+    assert report["verdict"]["pass"] is True and report["leak"] == {}
+    leak = {c["name"]: c for c in report["verdict"]["checks"]}["leak"]
+    assert leak["skipped"] is True and "gRPC carries no /metrics" in leak["detail"]
+    assert (
+        "| skipped | skipped: the server's memory was not sampled"
+        in (tmp_path / "run-grpc" / "report.md").read_text()
+    )
+
+    metrics = f"{server.http}/metrics"  # the same server's HTTP port serves /metrics too
+    report = _complete_soak(tmp_path / "run-metrics", "grpc", capsys, *args, "--metrics-url", metrics)
+    assert report["run"]["metrics_url"] == metrics and report["leak"]["rss"]["samples"] >= 8
+    assert {c["name"]: c["pass"] for c in report["verdict"]["checks"]}["leak:rss"] is True
+
     assert _cli("soak", "--url", "grpc://127.0.0.1", "--duration", "1s", "--out", str(tmp_path / "x")) == 2
+    # a batch above the model's max_batch_size (8) is refused before the run, not answered 400 for hours
+    code = _cli("soak", "--url", url, "--duration", "5s", "--batch", "9", "--out", str(tmp_path / "b9"))
+    out = "".join(capsys.readouterr())
+    assert code == 2 and "--batch 9 is more than model 'vit-nano' takes per request" in out
+    assert "max_batch_size is 8" in out and not (tmp_path / "b9").exists()

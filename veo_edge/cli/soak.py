@@ -63,7 +63,13 @@ def _finish(run_dir: Path, thresholds: dict | None, as_json: bool) -> None:
         out = console()
         v = report["verdict"]
         for c in v["checks"]:
-            mark = "[green]pass[/]" if c["pass"] else "[bold red]FAIL[/]"
+            mark = (
+                "[yellow]skipped[/]"
+                if c.get("skipped")
+                else "[green]pass[/]"
+                if c["pass"]
+                else "[bold red]FAIL[/]"
+            )
             out.print(f"  {mark} {c['name']}: {c['detail']}", soft_wrap=True)
         out.print(
             f"soak {'[green]PASS[/]' if v['pass'] else '[bold red]FAIL[/]'}: report in {run_dir / 'report.md'} "
@@ -82,6 +88,12 @@ def run(
         help="A running server instead: http://127.0.0.1:8000, or its gRPC port grpc://127.0.0.1:8001.",
     ),
     model_name: str = typer.Option(None, "--model-name", help="Model on the server (default: its only one)."),
+    metrics_url: str = typer.Option(
+        None,
+        "--metrics-url",
+        help="The server's Prometheus metrics, for its memory, faults and fallbacks (default: URL/metrics "
+        "over HTTP; over gRPC none, e.g. http://127.0.0.1:8002/metrics).",
+    ),
     duration: str = typer.Option(None, "--duration", "-d", help="How long: 30s, 10m, 72h, 1h30m."),
     rate: float = typer.Option(None, "--rate", help="Open loop: requests per second (fixed arrivals)."),
     concurrency: int = typer.Option(None, "--concurrency", "-c", help="Closed loop: clients (default 1)."),
@@ -135,7 +147,13 @@ def run(
     if resume is not None:
         extra = [
             n
-            for n, v in (("BUILD_DIR", build_dir), ("--url", url), ("--duration", duration), ("--out", out))
+            for n, v in (
+                ("BUILD_DIR", build_dir),
+                ("--url", url),
+                ("--metrics-url", metrics_url),
+                ("--duration", duration),
+                ("--out", out),
+            )
             if v
         ]
         if extra:
@@ -155,6 +173,7 @@ def run(
         build_dir=str(build_dir.resolve()) if build_dir is not None else None,
         url=url,
         model_name=model_name,
+        metrics_url=metrics_url,
         rate=rate,
         concurrency=concurrency,
         batch=batch,
@@ -188,7 +207,8 @@ def run(
     if short:  # a smoke run may want only errors and fallbacks: said up front, not refused
         console(stderr=True).print(f"warning: {short}", markup=False, soft_wrap=True)
     run_dir = out or Path(time.strftime("soak-%Y%m%d-%H%M%S"))
-    soak_run.start(config, run_dir, live=live)
+    warn = console(stderr=True)
+    soak_run.start(config, run_dir, live=live, warn=lambda note: warn.print(f"warning: {note}", markup=False))
     _finish(run_dir, None, as_json)
 
 

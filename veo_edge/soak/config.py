@@ -54,6 +54,7 @@ class SoakConfig:
     build_dir: str | None = None
     url: str | None = None
     model_name: str | None = None
+    metrics_url: str | None = None  # the server's Prometheus text (default: URL/metrics over HTTP)
     rate: float | None = None
     concurrency: int | None = None
     batch: int = 1
@@ -91,6 +92,16 @@ class SoakConfig:
             raise UsageError(
                 f"--sample-interval {self.sample_s} s must be > 0 and at most the --window {self.window_s} s"
             )
+        if self.metrics_url is not None:
+            if self.url is None:
+                raise UsageError(
+                    "--metrics-url goes with --url (a server); an in-process run samples its own memory"
+                )
+            if not self.metrics_url.startswith("http://"):
+                raise UsageError(
+                    f"--metrics-url {self.metrics_url!r} is not an http:// URL; expected e.g. "
+                    "http://127.0.0.1:8002/metrics (the server's --metrics-port)"
+                )
         if self.url is not None and self.chaos:
             raise UsageError(
                 "--chaos injects faults into the runtime in this process; against a server start it with "
@@ -98,6 +109,12 @@ class SoakConfig:
             )
         if isinstance(self.thresholds, dict):
             self.thresholds = Thresholds.from_dict(self.thresholds)
+
+    @property
+    def samples_memory(self) -> bool:
+        """Whether the run samples the memory the leak check fits: in-process its own, over HTTP the
+        server's /metrics, over gRPC only a --metrics-url (gRPC carries no /metrics)."""
+        return self.url is None or not self.url.startswith("grpc://") or self.metrics_url is not None
 
     @property
     def warmup(self) -> float:
@@ -110,7 +127,7 @@ class SoakConfig:
         from veo_edge.soak.units import format_duration as fmt
 
         left = self.duration_s - self.warmup
-        need = max(self.window_s, MIN_FIT_SAMPLES * self.sample_s)
+        need = max(self.window_s, MIN_FIT_SAMPLES * self.sample_s if self.samples_memory else 0.0)
         if left >= need:
             return None
         if self.warmup_s is not None:
@@ -120,9 +137,14 @@ class SoakConfig:
         least = float(math.ceil(least))
         return (
             f"--duration {fmt(self.duration_s)} leaves {fmt(max(left, 0.0))} after the {fmt(self.warmup)} "
-            f"warm-up, but the jitter needs a whole {fmt(self.window_s)} window and the leak fit "
-            f"{MIN_FIT_SAMPLES} samples at {fmt(self.sample_s)}: the verdict will fail; give every check a value with at least "
-            f"{fmt(least)}, or shorten --window, --sample-interval or --warmup"
+            f"warm-up, but the jitter needs a whole {fmt(self.window_s)} window"
+            + (
+                f" and the leak fit {MIN_FIT_SAMPLES} samples at {fmt(self.sample_s)}"
+                if self.samples_memory
+                else ""
+            )
+            + f": the verdict will fail; give every check a value with at least {fmt(least)}, or shorten "
+            + ("--window, --sample-interval or --warmup" if self.samples_memory else "--window or --warmup")
         )
 
     @property

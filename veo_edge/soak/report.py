@@ -259,7 +259,7 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     for c in r["verdict"]["checks"]:
         lines.append(
-            f"| {c['name']} | {_fmt(c['value'])} | {_fmt(c['threshold'])} | {'pass' if c['pass'] else '**FAIL**'} | {c['detail']} |"
+            f"| {c['name']} | {_fmt(c['value'])} | {_fmt(c['threshold'])} | {'skipped' if c.get('skipped') else 'pass' if c['pass'] else '**FAIL**'} | {c['detail']} |"
         )
     lines += [
         "",

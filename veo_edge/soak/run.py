@@ -10,12 +10,13 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from veo_edge.errors import RunDirError
+from veo_edge.errors import RunDirError, UsageError
 from veo_edge.soak.config import SoakConfig
 from veo_edge.soak.live import Progress
 from veo_edge.soak.load import LoadDriver, Recorder
@@ -48,7 +49,7 @@ def _target(config: SoakConfig, clock: RunClock):
 
     if config.url is not None:
         kind = GrpcTarget if config.url.startswith("grpc://") else HttpTarget
-        return kind(config.url, config.model_name, timeout_s=config.timeout_s)
+        return kind(config.url, config.model_name, timeout_s=config.timeout_s, metrics_url=config.metrics_url)
     return InProcessTarget(
         Path(config.build_dir),
         backend=config.backend,
@@ -61,13 +62,19 @@ def _target(config: SoakConfig, clock: RunClock):
     )
 
 
-def start(config: SoakConfig, run_dir: Path, *, live: bool = True) -> Path:
-    """Run a new soak into ``run_dir`` (new or empty); returns the run directory."""
+def start(
+    config: SoakConfig, run_dir: Path, *, live: bool = True, warn: Callable[[str], None] | None = None
+) -> Path:
+    """Run a new soak into ``run_dir`` (new or empty); returns the run directory. ``warn`` is told, before
+    the run starts, what it will not measure (a server whose memory is not sampled)."""
     RunStore.check_new(run_dir)
     clock = RunClock(0.0)
     target = _target(config, clock)
     opened = target.open()  # an unreachable server or a bad build fails before the run directory exists
     try:
+        _check_batch(config, target)
+        if warn is not None and getattr(target, "memory_note", None):
+            warn(target.memory_note)
         store = RunStore.create(run_dir, config.to_dict())
     except BaseException:
         target.close()
@@ -77,6 +84,17 @@ def start(config: SoakConfig, run_dir: Path, *, live: bool = True) -> Path:
     finally:
         store.close()
     return Path(run_dir)
+
+
+def _check_batch(config: SoakConfig, target: Any) -> None:
+    """A ``--batch`` above the server's model's ``max_batch_size`` is refused before the run (every
+    request would be answered 400)."""
+    limit = getattr(target, "max_batch", None)
+    if limit is not None and config.batch > limit:
+        raise UsageError(
+            f"--batch {config.batch} is more than model {target.model_name!r} takes per request "
+            f"(its max_batch_size is {limit}); give --batch {limit} or less"
+        )
 
 
 def resume(run_dir: Path, *, live: bool = True) -> Path:

@@ -142,21 +142,76 @@ class _ServerTarget:
 
     url: str
 
-    def __init__(self, model_name: str | None, timeout_s: float) -> None:
+    def __init__(self, model_name: str | None, timeout_s: float, metrics_url: str | None = None) -> None:
         self.model_name = model_name
         self.timeout_s = timeout_s
+        self.metrics_url = metrics_url
         self._local = threading.local()
         self.input_name = ""
         self.datatype = "FP32"
         self.output_name: str | None = None
+        self.max_batch: int | None = None  # the model config's max_batch_size, where the server gives one
+        #: why the server's memory will not be sampled (the leak check is then skipped), or None
+        self.memory_note: str | None = None
 
     @property
     def name(self) -> str:
         return self.url
 
-    def _take_metadata(self, meta: dict[str, Any]) -> tuple[tuple[int, ...], np.dtype]:
+    def _take_metadata(
+        self, meta: dict[str, Any], config: dict[str, Any] | None
+    ) -> tuple[tuple[int, ...], np.dtype]:
         self.input_name, self.datatype, self.output_name, shape = _io_of(meta)
+        try:  # 0 or absent: the server states no batch limit
+            self.max_batch = int((config or {}).get("max_batch_size") or 0) or None
+        except (TypeError, ValueError):
+            self.max_batch = None
         return shape, np.dtype(_DTYPES[self.datatype])
+
+    def _check_memory(self) -> None:
+        """Scrape the server's metrics once, as the sampler will: a ``--metrics-url`` that does not answer
+        is refused; the default ``/metrics`` not answering, or a source without the process's resident
+        memory, becomes :attr:`memory_note`."""
+        if self.metrics_url is None and isinstance(self, GrpcTarget):
+            self.memory_note = (
+                "gRPC carries no /metrics, so the server's memory is not sampled and the leak check is "
+                "skipped; give --metrics-url http://HOST:PORT/metrics (the server's HTTP or --metrics-port)"
+            )
+            return
+        seen = self.observe()
+        source = self.metrics_url or f"{self.url}/metrics"
+        if "scrape_error" in seen and self.metrics_url is not None:
+            raise UsageError(
+                f"cannot read --metrics-url ({seen['scrape_error']}); give the server's Prometheus endpoint, "
+                "e.g. http://HOST:8002/metrics"
+            )
+        if "scrape_error" in seen:
+            why = seen["scrape_error"]
+        elif "rss" not in seen:
+            why = f"{source} has no process_resident_memory_bytes"
+        else:
+            return
+        self.memory_note = (
+            f"the server's memory is not sampled ({why}), so the leak check is skipped; give "
+            "--metrics-url with the server's Prometheus endpoint (Triton's: http://HOST:8002/metrics)"
+        )
+
+
+def scrape_url(url: str, timeout_s: float) -> dict[str, Any]:
+    """A Prometheus text endpoint read into the sampler's fields (:func:`~veo_edge.soak.promtext.scrape`),
+    or ``{"scrape_error": why}``."""
+    import urllib.error
+    import urllib.request
+
+    from veo_edge.soak.promtext import scrape
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return scrape(r.read().decode(errors="replace"))
+    except urllib.error.HTTPError as e:
+        return {"scrape_error": f"{url} answered HTTP {e.code}"}
+    except (OSError, ValueError) as e:  # refused, timed out, not Prometheus text
+        return {"scrape_error": f"{url}: {type(e).__name__}: {e}"}
 
 
 class HttpTarget(_ServerTarget):
@@ -165,7 +220,9 @@ class HttpTarget(_ServerTarget):
 
     kind = "http"
 
-    def __init__(self, url: str, model_name: str | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, url: str, model_name: str | None = None, timeout_s: float = 30.0, metrics_url: str | None = None
+    ) -> None:
         parsed = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
         if parsed.scheme != "http" or not parsed.hostname:
             raise UsageError(
@@ -173,7 +230,7 @@ class HttpTarget(_ServerTarget):
             )
         self.url = f"http://{parsed.netloc}"
         self.host, self.port = parsed.hostname, parsed.port or 80
-        super().__init__(model_name, timeout_s)
+        super().__init__(model_name, timeout_s, metrics_url)
 
     def _conn(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
@@ -228,7 +285,10 @@ class HttpTarget(_ServerTarget):
         if status != 200:
             raise UsageError(f"the server at {self.url} has no model {self.model_name!r} (HTTP {status})")
         meta = json.loads(body)
-        return self._take_metadata(meta)
+        status, _, body = self._request("GET", f"/v2/models/{self.model_name}/config")
+        opened = self._take_metadata(meta, json.loads(body) if status == 200 else None)
+        self._check_memory()
+        return opened
 
     def call(self, batch: np.ndarray) -> None:
         data = np.ascontiguousarray(batch).tobytes()
@@ -266,6 +326,8 @@ class HttpTarget(_ServerTarget):
     def observe(self) -> dict[str, Any]:
         from veo_edge.soak.promtext import scrape
 
+        if self.metrics_url is not None:
+            return scrape_url(self.metrics_url, self.timeout_s)
         try:
             status, _, body = self._request("GET", "/metrics")
         except RequestError as e:
@@ -281,11 +343,13 @@ class HttpTarget(_ServerTarget):
 class GrpcTarget(_ServerTarget):
     """A KServe v2 gRPC server (``veo-edge serve --grpc-port``, Triton's 8001): ``ModelInfer`` with raw
     tensor contents through ``tritonclient.grpc``. gRPC carries no ``/metrics``: the server's memory and
-    fallbacks are not sampled (drive its HTTP port for those)."""
+    fallbacks are sampled from ``metrics_url`` (the server's HTTP or metrics port) when given."""
 
     kind = "grpc"
 
-    def __init__(self, url: str, model_name: str | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, url: str, model_name: str | None = None, timeout_s: float = 30.0, metrics_url: str | None = None
+    ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme != "grpc" or not parsed.hostname or not parsed.port:
             raise UsageError(
@@ -293,7 +357,7 @@ class GrpcTarget(_ServerTarget):
             )
         self.url = f"grpc://{parsed.netloc}"
         self.address = parsed.netloc
-        super().__init__(model_name, timeout_s)
+        super().__init__(model_name, timeout_s, metrics_url)
 
     def _client(self) -> Any:
         client = getattr(self._local, "client", None)
@@ -329,7 +393,13 @@ class GrpcTarget(_ServerTarget):
             meta = client.get_model_metadata(self.model_name, as_json=True)
         except InferenceServerException as e:
             raise UsageError(f"the server at {self.url} has no model {self.model_name!r} ({e})") from e
-        return self._take_metadata(meta)
+        try:
+            config = client.get_model_config(self.model_name, as_json=True).get("config")
+        except InferenceServerException:
+            config = None
+        opened = self._take_metadata(meta, config)
+        self._check_memory()
+        return opened
 
     def call(self, batch: np.ndarray) -> None:
         import tritonclient.grpc as grpcclient
@@ -354,7 +424,7 @@ class GrpcTarget(_ServerTarget):
         _check_output(out, batch.shape[0])
 
     def observe(self) -> dict[str, Any]:
-        return {}
+        return scrape_url(self.metrics_url, self.timeout_s) if self.metrics_url is not None else {}
 
     def close(self) -> None:
         client = getattr(self._local, "client", None)

@@ -71,7 +71,21 @@ def verdict(report: dict[str, Any], th: Thresholds) -> dict[str, Any]:
                 f"{f['bytes_per_hour']:.4g} B/h, 95% CI [{f['low']:.4g}, {f['high']:.4g}]"
                 + (" contains 0" if contains_zero else (" under the floor" if under else " above the floor")),
             )
-    if not report["leak"]:
+    if not report["leak"] and not run.get("memory_sampled", True):
+        # nothing to fit at all: the server exports no memory where the run looked (gRPC without
+        # --metrics-url, a metrics endpoint without process memory); said, and not held against the run
+        where = run.get("metrics_url")
+        check(
+            "leak",
+            None,
+            th.leak_floor_bytes_per_h,
+            True,
+            "skipped: the server's memory was not sampled ("
+            + (f"{where} gave none" if where else "gRPC carries no /metrics")
+            + "); give --metrics-url http://HOST:PORT/metrics to check it",
+        )
+        checks[-1]["skipped"] = True
+    elif not report["leak"]:
         check(
             "leak",
             None,
