@@ -189,6 +189,53 @@ def test_timeout_on_a_server_that_never_answers():
 def test_usage_errors():
     r = _healthcheck("--timeout", "0")
     assert r.returncode == 2 and "--timeout 0.0 must be positive" in r.stderr
+    r = _healthcheck("--url", "https://127.0.0.1:8000")
+    assert r.returncode == 2 and "speaks plain HTTP (serve has no TLS): use http://" in r.stderr
+    r = _healthcheck("--url", "grpc://127.0.0.1:8001")
+    assert r.returncode == 2 and "the healthcheck speaks HTTP: give the server's HTTP port" in r.stderr
+
+
+def test_a_port_that_is_not_kserve_http_is_named_as_such():
+    """Pointed at a gRPC port (HTTP/2 answers an HTTP/1.1 request with bytes http.client cannot read) or
+    at an HTTP server that is not KServe v2 (a Prometheus endpoint answers every path): one line that
+    says so, exit 20 ("down"), no raw bytes and no internal error."""
+    import threading
+    from concurrent import futures
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))  # grpcio, no service
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        r = _healthcheck("--url", f"http://127.0.0.1:{port}", "--timeout", "10")
+    finally:
+        server.stop(None)
+    assert r.returncode == EXIT_CODES["down"], r.stderr
+    assert "but not in HTTP/1.1 (a gRPC port answers in HTTP/2)" in r.stderr and "\\x00" not in r.stderr
+
+    class Metrics(BaseHTTPRequestHandler):  # as prometheus_client's server: the metrics on any path
+        def do_GET(self) -> None:
+            body = b"# HELP up 1\nup 1\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    http_server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=http_server.serve_forever, daemon=True).start()
+    try:
+        r = _healthcheck("--url", f"http://127.0.0.1:{http_server.server_port}", "--timeout", "10")
+    finally:
+        http_server.shutdown()
+        http_server.server_close()
+    assert r.returncode == EXIT_CODES["down"], r.stderr
+    assert "answers, but not as a KServe v2 server (GET /v2/health/ready gave no JSON" in r.stderr
+    assert "internal error" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("script", ["healthcheck/healthcheck.sh"])

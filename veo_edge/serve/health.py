@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from veo_edge.builddir import BuildDir
-from veo_edge.errors import ArtifactMismatchError, BuildDirError, VeoEdgeError
+from veo_edge.errors import ArtifactMismatchError, BuildDirError, UsageError, VeoEdgeError
 from veo_edge.export.canary import Canary, compare_canary, golden_canary
 from veo_edge.serve.protocol.client import decode_infer_response, encode_infer_request
 
@@ -110,7 +110,13 @@ class _Client:
     def __init__(self, url: str, deadline: float) -> None:
         parts = urlsplit(url if "://" in url else f"http://{url}")
         if parts.scheme != "http" or not parts.hostname:
-            raise HealthError(f"--url {url!r} is not an http://host:port URL")
+            hint = {
+                "grpc": "; the healthcheck speaks HTTP: give the server's HTTP port",
+                "https": "; the healthcheck speaks plain HTTP (serve has no TLS): use http://",
+            }.get(parts.scheme, "")
+            raise UsageError(
+                f"--url {url!r} is not an http://host:port URL{hint}, e.g. http://127.0.0.1:8000"
+            )
         self.url = url
         self.host, self.port = parts.hostname, parts.port or 80
         self.prefix = parts.path.rstrip("/")
@@ -128,10 +134,26 @@ class _Client:
             return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
         except TimeoutError as e:
             raise HealthTimeoutError(f"{method} {self.url}{path} timed out (--timeout)") from e
+        except (http.client.BadStatusLine, http.client.LineTooLong) as e:  # its raw bytes say nothing
+            raise ServerDownError(
+                f"something answers at {self.url}, but not in HTTP/1.1 (a gRPC port answers in HTTP/2); "
+                "give the server's HTTP port, e.g. --url http://127.0.0.1:8000"
+            ) from e
         except (ConnectionError, OSError, http.client.HTTPException) as e:
             raise ServerDownError(f"no server answers at {self.url}: {e}") from e
         finally:
             conn.close()
+
+
+def _kserve_json(url: str, path: str, body: bytes) -> Any:
+    """A KServe v2 answer's JSON; one that is not JSON means the URL is some other server."""
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise ServerDownError(
+            f"{url} answers, but not as a KServe v2 server (GET {path} gave no JSON: {body[:40]!r}); "
+            "give the server's HTTP port (not its --metrics-port), e.g. --url http://127.0.0.1:8000"
+        ) from e
 
 
 def _error_of(body: bytes) -> str:
@@ -161,12 +183,18 @@ def check_server(
         name = model_name or (build.model_name if build else None)
         if name is None:
             status, _, body = client.request("GET", "/v2/health/ready")
-            name = json.loads(body).get("model")
+            # veo-edge serve names its model there; Triton answers an empty body
+            ready = _kserve_json(url, "/v2/health/ready", body) if body.strip() else {}
+            name = ready.get("model") if isinstance(ready, dict) else None
+            if not name:
+                raise NotReadyError(f"the server at {url} does not name its model; pass --model-name")
         status, _, body = client.request("GET", f"/v2/models/{name}/ready")
         if status != 200:
             raise NotReadyError(f"model {name!r} is not ready at {url} (HTTP {status}): {_error_of(body)}")
         status, _, meta = client.request("GET", f"/v2/models/{name}")
-        inputs = json.loads(meta)["inputs"]
+        inputs = (_kserve_json(url, f"/v2/models/{name}", meta) or {}).get("inputs")
+        if status != 200 or not inputs:
+            raise NotReadyError(f"the server at {url} gave no inputs for model {name!r} (HTTP {status})")
         if build is not None:
             canary = load_canary(build)
         else:
@@ -178,7 +206,9 @@ def check_server(
             hlen = headers.get("inference-header-content-length")
             # a server before the binary form ignores the Accept header and answers JSON
             canary = (
-                _canary_from_binary(body, hlen) if hlen is not None else _canary_from_json(json.loads(body))
+                _canary_from_binary(body, hlen)
+                if hlen is not None
+                else _canary_from_json(_kserve_json(url, f"/v2/models/{name}/canary", body))
             )
 
         body, hlen = encode_infer_request({inputs[0]["name"]: canary.input.astype(np.float32)})
