@@ -271,6 +271,25 @@ def test_a_killed_build_leaves_debris_that_the_next_build_reclaims(tmp_path):
     BuildDir.open(out).verify()
 
 
+def test_a_build_stopped_by_sigterm_cleans_up_as_ctrl_c_does(tmp_path):
+    """SIGTERM (a container stop, a CI timeout) mid-build: no staging directory, no lock, no output, one
+    line saying so; it used to leave a 45 MB staging directory and the lock for the next build to reclaim."""
+    out = tmp_path / "b"
+    victim = veo_bg(*NANO, "--out", out)
+    wait_for(
+        lambda: any(
+            p.name.startswith(".b.building-") and (p / "model.onnx").is_file() for p in tmp_path.iterdir()
+        ),
+        victim,
+        "the build staged model.onnx",
+    )
+    os.kill(victim.pid, signal.SIGTERM)
+    _, err = victim.communicate(timeout=60)
+    assert victim.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "interrupted by SIGTERM"
+    assert hidden(tmp_path) == [] and not out.exists()
+
+
 # -- one line when no backend can run -----------------------------------------------------------------
 
 

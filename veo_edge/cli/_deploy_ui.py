@@ -1,27 +1,7 @@
-"""The live displays of ``veo-edge deploy`` on stderr: a transfer progress bar, a one-line health status,
-and signals that interrupt a deploy the way Ctrl-C does (so the previous release is restored)."""
+"""The live displays of ``veo-edge deploy`` on stderr: a transfer progress bar and a one-line health
+status."""
 
 from __future__ import annotations
-
-import contextlib
-import signal
-from collections.abc import Iterator
-
-
-@contextlib.contextmanager
-def interrupt_on_signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP (a dropped ssh session) raise KeyboardInterrupt, as Ctrl-C does: the deploy
-    restores the previous release before it exits."""
-
-    def _raise(signum, _frame):
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    saved = {s: signal.signal(s, _raise) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in saved.items():
-            signal.signal(s, h)
 
 
 class Bar:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from veo_edge.cli._common import console, print_json
+from veo_edge.cli._common import console, interrupt_on_signals, print_json
 
 
 def build(
@@ -147,23 +147,24 @@ def build(
         val=val,
         max_accuracy_drop=max_accuracy_drop,
     )
-    result = run_build(opts)
-    if target is not None:
-        from veo_edge.cli.image import package
+    with interrupt_on_signals():  # SIGTERM cleans up as Ctrl-C does: no staging directory or lock left
+        result = run_build(opts)
+        if target is not None:
+            from veo_edge.cli.image import package
 
-        result.manifest["image"] = package(
-            result.path,
-            target,
-            image,
-            save,
-            context_only,
-            base_image,
-            sign_key,
-            force=force,
-            quiet=quiet or json_out,
-            platform=platform,
-            plugin_libs=plugin_libs,
-        )
+            result.manifest["image"] = package(
+                result.path,
+                target,
+                image,
+                save,
+                context_only,
+                base_image,
+                sign_key,
+                force=force,
+                quiet=quiet or json_out,
+                platform=platform,
+                plugin_libs=plugin_libs,
+            )
     if json_out:
         print_json({"path": str(result.path), **result.manifest})
         return

@@ -119,7 +119,7 @@ def deploy(
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Verify an image by its ID, ship exactly that ID, prove it healthy, and roll back when it is not."""
-    from veo_edge.cli._deploy_ui import interrupt_on_signals
+    from veo_edge.cli._common import interrupt_on_signals
     from veo_edge.errors import UsageError
 
     trusting = Trusting(verify_key, signature, allow_unsigned)

@@ -21,7 +21,7 @@ from veo_edge.cli import (
     soak,
     verify,
 )
-from veo_edge.cli._common import State, console, print_json
+from veo_edge.cli._common import State, console, interrupted_by, print_json
 
 app = typer.Typer(
     name="veo-edge",
@@ -62,6 +62,21 @@ verify.register(app)
 image.register(app)
 
 
+def _interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt an exit was raised for, if any (typer chains it: exit 130 from it)."""
+    seen = e
+    for _ in range(4):
+        seen = seen.__cause__ or seen.__context__
+        if seen is None or isinstance(seen, KeyboardInterrupt):
+            return seen
+    return None
+
+
+def _say_interrupted(e: KeyboardInterrupt) -> None:
+    by = f" by {e.args[0]}" if e.args and str(e.args[0]).startswith("SIG") else ""
+    console(stderr=True).print(f"[yellow]interrupted{by}[/]")
+
+
 def main(argv: list[str] | None = None) -> None:
     from veo_edge.errors import INTERNAL_ERROR, VeoEdgeError, one_line
     from veo_edge.privacy import keep_telemetry_off
@@ -83,12 +98,20 @@ def main(argv: list[str] | None = None) -> None:
 
         console(stderr=True).print(f"[bold red]error:[/] {escape(line)}", soft_wrap=True)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        console(stderr=True).print("[yellow]interrupted[/]")
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP where a command turns them into it
+        _say_interrupted(e)
         sys.exit(130)
+    except SystemExit as e:  # typer turns KeyboardInterrupt into a silent exit 130: say why
+        interrupt = _interrupt_behind(e)
+        if interrupt is not None:
+            _say_interrupted(interrupt)
+        raise
     except Exception as e:
         if State.debug:
             raise
+        if interrupted_by():  # the interrupt raised inside an import, and came out as another error
+            _say_interrupted(KeyboardInterrupt(interrupted_by()))
+            sys.exit(130)
         from rich.markup import escape
 
         line = one_line(e)
