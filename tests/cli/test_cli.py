@@ -136,6 +136,31 @@ def test_infer_rejects_a_wrong_input_shape(tmp_path, nano_build):
     assert "has shape (2, 3, 16, 16), expected input: float32[N, 3, 32, 32]" in r.stderr
 
 
+def test_inspect_shows_a_build_with_a_missing_artifact_and_fails(copy_build, nano_build):
+    build = copy_build(nano_build)
+    (build / "openvino" / "model.bin").unlink()
+    r = veo("inspect", build)
+    assert r.returncode == 7, r.stderr
+    assert "artifact openvino_bin (openvino/model.bin) is missing" in r.stdout  # shown with the rest
+    assert r.stderr.strip().splitlines()[-1].startswith(f"error: build {build} is incomplete: artifact")
+    r = veo("inspect", build, "--json")
+    assert r.returncode == 7
+    assert json.loads(r.stdout)["artifact_problems"] == [
+        "artifact openvino_bin (openvino/model.bin) is missing"
+    ]
+
+
+def test_infer_input_that_is_not_npy_says_so(tmp_path, nano_build):
+    (tmp_path / "cat.jpg").write_bytes(b"\xff\xd8\xff\xe0 a picture, not an array")
+    r = veo("infer", nano_build, "--input", tmp_path / "cat.jpg")
+    assert r.returncode == 4, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.endswith("cat.jpg is not a .npy file (numpy.save writes one); for a picture use --image")
+    assert "pickle" not in r.stderr
+    r = veo("infer", nano_build, "--input", tmp_path / "missing.npy")
+    assert r.returncode == 4 and "cannot read input" in r.stderr and "No such file or directory" in r.stderr
+
+
 def test_infer_runs_a_npy_input_on_both_cpu_backends(tmp_path, nano_build):
     x = tmp_path / "x.npy"
     np.save(x, np.load(nano_build / "canary" / "input.npy")[0])  # one sample, no batch axis

@@ -53,6 +53,7 @@ def test_pictures_of_digits_get_their_label_names(hf_digits, tmp_path, capsys) -
     result = json.loads(out)
     assert result["input_shape"] == [len(files), 1, 32, 32]
     assert [row[0]["label"] for row in result["top_k"]] == want
+    assert result["inputs"] == [str(f) for f in files]  # which picture each row answers
     code, out, _ = _infer(capsys, hf_digits, "--image", files[0], "--top-k", "2")
     assert code == 0 and f"{files[0]}: {want[0]} (logit " in out  # the number says what it is
 

@@ -21,6 +21,23 @@ def load_input(path: Path | None, batch: int, seed: int, input_shape: tuple[int,
 
         return seeded_inputs(input_shape, batch, seed)
     try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+    except OSError as e:
+        raise InputError(f"cannot read input {path}: {e.strerror or e}") from e
+    if magic != b"\x93NUMPY":  # numpy's own error for another file talks of pickles
+        from veo_edge.preprocess.decode import IMAGE_SUFFIXES, VIDEO_SUFFIXES
+
+        suffix = Path(path).suffix.lower()
+        hint = (
+            "; for a picture use --image"
+            if suffix in IMAGE_SUFFIXES
+            else "; for a clip use --video"
+            if suffix in VIDEO_SUFFIXES
+            else ""
+        )
+        raise InputError(f"input {path} is not a .npy file (numpy.save writes one){hint}")
+    try:
         arr = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:
         raise InputError(f"cannot read input {path}: {e}; expected a .npy file written by numpy.save") from e
@@ -123,6 +140,8 @@ def infer(
         "output_shape": list(logits.shape),
         "latency_ms": round(latency_ms, 3),
         "output": served,
+        # which input each row of top_k / values answers (pictures: their files, in order)
+        "inputs": [str(p) for p in image] if image else None,
     }
     if served == "logits":
         top = np.argsort(-logits, axis=-1)[:, : min(top_k, logits.shape[-1])]

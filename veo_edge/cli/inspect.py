@@ -40,11 +40,13 @@ def inspect(
         "labels": m.get("labels"),
         "preprocess": m.get("preprocess"),
         "artifacts": sorted(m.get("artifacts", {})),
+        # missing or resized files (a stat each, no hashing: `veo-edge verify` hashes them)
+        "artifact_problems": _artifact_problems(b),
         "engine_choices": read_choices(cache_dir(b.path), m["model"]["name"]),
     }
     if json_out:
         print_json({**summary, "surgery": None if report is None else report.to_dict()})
-        return
+        return _fail_on(summary["artifact_problems"], b)
     from rich.table import Table
 
     c = console()
@@ -55,6 +57,8 @@ def inspect(
         f"exported by {exp.get('exporter')} at opset {exp.get('opset')}"
     )
     c.print(f"  artifacts: {', '.join(summary['artifacts'])}")
+    for problem in summary["artifact_problems"]:
+        c.print(f"  {problem}", style="bold red", soft_wrap=True, markup=False)
     _print_inputs(c, summary)
     _print_engine_choices(c, summary["engine_choices"])
     if summary["cpu_precision"]:
@@ -70,7 +74,7 @@ def inspect(
             )
     if report is None:
         c.print("  no plugin surgery in this build (built with --no-plugins or by an older veo-edge)")
-        return
+        return _fail_on(summary["artifact_problems"], b)
     table = Table(title="Plugin surgery")
     for col in ("op", "candidates", "matched", "replaced"):
         table.add_column(col)
@@ -80,6 +84,33 @@ def inspect(
     for line in report.lines():
         if not line.startswith(("VeoAttention:", "VeoPatchEmbedLayerNorm:")):
             c.print(f"  {line}", soft_wrap=True, markup=False)
+    _fail_on(summary["artifact_problems"], b)
+
+
+def _artifact_problems(b) -> list[str]:
+    """Each artifact whose file is missing or not the size the manifest records, as a sentence."""
+    problems = []
+    for kind, entry in sorted(b.manifest.get("artifacts", {}).items()):
+        p = b.path / entry["path"]
+        if not p.is_file():
+            problems.append(f"artifact {kind} ({entry['path']}) is missing")
+        elif p.stat().st_size != int(entry["bytes"]):
+            problems.append(
+                f"artifact {kind} ({entry['path']}) has {p.stat().st_size} bytes, the manifest records "
+                f"{entry['bytes']}"
+            )
+    return problems
+
+
+def _fail_on(problems: list[str], b) -> None:
+    """After the build is shown: a build with missing or resized artifacts is an error (exit 7), as it
+    is for serve, infer and verify."""
+    if problems:
+        from veo_edge.errors import BuildDirError
+
+        raise BuildDirError(
+            f"build {b.path} is incomplete: {'; '.join(problems)}; rebuild with `veo-edge build --force`"
+        )
 
 
 def _print_inputs(c, summary: dict) -> None:
