@@ -166,6 +166,9 @@ def serve(
     # an unknown backend is a usage error before any port is bound
     resolve_policy(backend, names, fallback=True)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # the server's own start, readiness and stop lines are INFO (what alerting on WARNING should not
+    # see); the libraries' and the runtime's per-batch ones stay at WARNING
+    logging.getLogger("veo_edge.serve").setLevel(logging.INFO)
     options = ServeOptions(
         host=host,
         port=port,

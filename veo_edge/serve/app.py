@@ -138,7 +138,7 @@ class InferenceService:
             )
             return None
         sizes, measured = w["batch_sizes"], runtime.describe().get("batching")  # --batch-limit auto
-        log.warning(
+        log.info(
             "model %r: warmed batch sizes %d..%d on %s (%d infer requests) in %.2f s%s",
             self.model.name,
             sizes[0],
@@ -299,7 +299,7 @@ class InferenceService:
             await loop.run_in_executor(None, self.run_canary)
             if self.options.warmup:
                 await loop.run_in_executor(None, self.warm_up)
-            log.warning("model %r loaded (backend %s)", name, runtime.state.to_dict().get("active_backend"))
+            log.info("model %r loaded (backend %s)", name, runtime.state.to_dict().get("active_backend"))
 
     async def unload_model(self, name: str) -> None:
         """Unload the model: answer what was accepted, release the backend; infers get 503 until load."""
@@ -314,7 +314,7 @@ class InferenceService:
             await asyncio.get_running_loop().run_in_executor(
                 None, lambda: runtime.close(drain=True, timeout=timeout)
             )
-            log.warning("model %r unloaded", name)
+            log.info("model %r unloaded", name)
 
     # -- inference ------------------------------------------------------------------------------
     def expect(self, name: str) -> Any:

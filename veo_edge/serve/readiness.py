@@ -67,7 +67,7 @@ class ReadinessCheck:
             self._last_reason = self.error
         else:
             if self.backend_failure or self._last_reason:
-                log.warning("canary matched on %s again: ready", backend)
+                log.info("canary matched on %s again: ready", backend)
             self.backend_failure = self._last_reason = None
         return self.result
 
@@ -87,7 +87,7 @@ class ReadinessCheck:
         if backend and backend != self.backend and warm and warm.get("ok") and not self.backend_failure:
             self.result, self.backend, self.error = CanaryResult(**warm), backend, None
             self._last_reason = None
-            log.warning("%s is active now; it passed the canary at its warm-up: ready", backend)
+            log.info("%s is active now; it passed the canary at its warm-up: ready", backend)
 
     def needs_recheck(self, state: dict[str, Any]) -> bool:
         backend = state.get("active_backend")

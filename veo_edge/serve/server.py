@@ -95,9 +95,9 @@ async def _serve(runtimes, makers, options, listeners, grpc_server, app_args, on
         listeners.serve_metrics(service.registry)
         if grpc_server is not None:
             await grpc_server.start(service)
-            log.warning("veo-edge gRPC on %s:%d", options.host, grpc_server.port)
+            log.info("veo-edge gRPC on %s:%d", options.host, grpc_server.port)
         if listeners.metrics is not None:
-            log.warning("veo-edge metrics on http://%s:%d/metrics", options.host, listeners.metrics_port)
+            log.info("veo-edge metrics on http://%s:%d/metrics", options.host, listeners.metrics_port)
     except BaseException:
         app.close()
         await service.close()
@@ -107,16 +107,16 @@ async def _serve(runtimes, makers, options, listeners, grpc_server, app_args, on
     def listening(port: int) -> None:
         for name, svc in services.items():
             ready = svc.readiness()
-            log.warning(
+            log.info(
                 "model %r: backend %s, ready: %s", name, ready["active_backend"], ready.get("reason", "yes")
             )
-        log.warning("veo-edge serving %s on http://%s:%d", ", ".join(map(repr, services)), options.host, port)
+        log.info("veo-edge serving %s on http://%s:%d", ", ".join(map(repr, services)), options.host, port)
         if on_listening is not None:
             on_listening(port)
 
     def drain() -> None:
         service.draining = True
-        log.warning("draining: %d requests in flight", app.in_flight)
+        log.info("draining: %d requests in flight", app.in_flight)
 
     try:
         await server.serve(listeners.http, options.drain_timeout_s, listening, drain)
@@ -126,5 +126,5 @@ async def _serve(runtimes, makers, options, listeners, grpc_server, app_args, on
             await grpc_server.stop(options.drain_timeout_s)
     drained = app.in_flight == 0
     await service.close()
-    log.warning("stopped: answered %d infer requests; drained cleanly: %s", service.infer_answered, drained)
+    log.info("stopped: answered %d infer requests; drained cleanly: %s", service.infer_answered, drained)
     return 0 if drained else 1
