@@ -117,6 +117,11 @@ def test_the_image_companion_is_listed_with_one_bytes_input(server) -> None:
     # the healthcheck behind the pictures' server: its models' golden canaries, in their binary form
     for name in (MODEL, "vit-nano"):
         assert check_server(f"http://{server.url}", model_name=name, timeout=30)["model"] == name
+    # the companion takes pictures and the canary is a tensor: it runs on the model behind it, said so
+    # (it answered 400, "exit 22 canary mismatch", on a healthy server)
+    report = check_server(f"http://{server.url}", model_name=MODEL + "_image", timeout=30)
+    assert (report["asked"], report["model"]) == (MODEL + "_image", MODEL)
+    assert report["note"] == f"'{MODEL}_image' takes encoded pictures: the canary ran on '{MODEL}'"
 
 
 @pytest.mark.slow

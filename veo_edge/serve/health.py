@@ -25,6 +25,9 @@ from veo_edge.errors import ArtifactMismatchError, BuildDirError, UsageError, Ve
 from veo_edge.export.canary import Canary, compare_canary, golden_canary
 from veo_edge.serve.protocol.client import decode_infer_response, encode_infer_request
 
+#: the suffix of a model's companion that takes encoded pictures (``veo_edge.serve.images``)
+PICTURES_SUFFIX = "_image"
+
 #: the media type the probe asks ``/v2/models/{name}/canary`` for: the tensors' bytes after a JSON header
 #: (:func:`canary_to_binary`). As JSON text a 224x224 canary is ~3 MB whose parse took 0.1 s of each
 #: probe's CPU here; the binary form is 0.6 MB and no parse. Without it the endpoint answers JSON.
@@ -195,6 +198,18 @@ def check_server(
         inputs = (_kserve_json(url, f"/v2/models/{name}", meta) or {}).get("inputs")
         if status != 200 or not inputs:
             raise NotReadyError(f"the server at {url} gave no inputs for model {name!r} (HTTP {status})")
+        asked, via = name, None
+        if inputs[0].get("datatype") == "BYTES" and name.endswith(PICTURES_SUFFIX):
+            # a <model>_image companion takes encoded pictures, the canary is a tensor: it runs through
+            # <model>, the same runtime (only the picture decoding is not exercised)
+            name, via = name[: -len(PICTURES_SUFFIX)], name
+            status, _, meta = client.request("GET", f"/v2/models/{name}")
+            inputs = (_kserve_json(url, f"/v2/models/{name}", meta) or {}).get("inputs")
+            if status != 200 or not inputs:
+                raise NotReadyError(
+                    f"model {asked!r} takes encoded pictures and the server has no model {name!r} to run "
+                    f"the canary tensor on (HTTP {status})"
+                )
         if build is not None:
             canary = load_canary(build)
         else:
@@ -224,7 +239,12 @@ def check_server(
         result = compare_canary(out, canary)
         if not result.ok:
             raise CanaryMismatchError(f"{result.reason} (model {name!r} at {url})")
-        return {"healthy": True, "url": url, "model": name, "canary": result.to_dict()}
+        report = {"healthy": True, "url": url, "model": name, "canary": result.to_dict()}
+        return report | (
+            {"asked": asked, "note": f"{asked!r} takes encoded pictures: the canary ran on {name!r}"}
+            if via
+            else {}
+        )
 
     return _with_deadline(run, timeout, f"the healthcheck of {url}")
 

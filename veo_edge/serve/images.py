@@ -33,10 +33,12 @@ from typing import Any
 import numpy as np
 
 from veo_edge.errors import InputError
+from veo_edge.serve.health import PICTURES_SUFFIX
 from veo_edge.serve.protocol.spec import ModelSpec, ProtocolError, TensorSpec, expect
 
-#: the companion model of ``name``: the same model with a ``BYTES [-1]`` input
-SUFFIX = "_image"
+#: the companion model of ``name``: the same model with a ``BYTES [-1]`` input (defined beside the
+#: healthcheck, which sends its canary tensor to ``name`` for a companion, and imports less)
+SUFFIX = PICTURES_SUFFIX
 #: decode threads (each picture is decoded and preprocessed on one)
 WORKERS = min(8, os.cpu_count() or 1)
 

@@ -22,8 +22,10 @@ def healthy_line(report: dict[str, Any]) -> str:
     """The one line a healthy check prints (the probe and ``veo-edge healthcheck`` alike)."""
     where = report.get("url") or report.get("build_dir")
     c = report["canary"]
+    note = f"; {report['note']}" if report.get("note") else ""
     return (
-        f"healthy: {where} (canary max abs {c['max_abs']:.3g} <= {c['atol']:.3g}, cosine {c['cosine']:.6f})"
+        f"healthy: {where} (canary max abs {c['max_abs']:.3g} <= {c['atol']:.3g}, cosine {c['cosine']:.6f}"
+        f"{note})"
     )
 
 
