@@ -179,6 +179,12 @@ def test_truncated_and_non_pictures_are_one_line_errors() -> None:
     jpeg = buf.getvalue()
     with pytest.raises(InputError, match="truncated or corrupt"):
         decode_image(jpeg[: len(jpeg) // 2], "the upload")
+    # cut inside its header: Pillow cannot even open it, but its first bytes say what it was
+    for fmt, cut in (("JPEG", 200), ("PNG", 40), ("WebP", 30), ("BMP", 20)):
+        buf = io.BytesIO()
+        Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(buf, fmt.upper())
+        with pytest.raises(InputError, match=rf"the upload starts as a {fmt} but is truncated or corrupt"):
+            decode_image(buf.getvalue()[:cut], "the upload")
     with pytest.raises(InputError, match=r"not a picture Pillow can read \(11 bytes starting 0x68656c6c"):
         decode_image(b"hello world", "the upload")
     assert decode_image(jpeg).size == (64, 64)

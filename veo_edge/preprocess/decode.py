@@ -39,6 +39,12 @@ def decode_image(data: bytes, what: str = "the picture", max_pixels: int = MAX_P
     except Image.DecompressionBombError as e:
         raise InputError(f"{what} is too large to decode: {e}") from e
     except (Image.UnidentifiedImageError, OSError, ValueError) as e:
+        kind = _signature(bytes(data[:12]))
+        if kind is not None:  # the start of a picture whose header runs past the end: a cut-off file
+            raise InputError(
+                f"{what} starts as a {kind} but is truncated or corrupt ({len(data)} bytes; Pillow: {e}); "
+                "the whole file is needed"
+            ) from e
         raise InputError(
             f"{what} is not a picture Pillow can read ({len(data)} bytes starting 0x{bytes(data[:8]).hex()}); expected "
             "JPEG, PNG, WebP or BMP"
@@ -52,8 +58,21 @@ def decode_image(data: bytes, what: str = "the picture", max_pixels: int = MAX_P
     try:
         im.load()
     except (OSError, ValueError, SyntaxError) as e:
-        raise InputError(f"{what} is truncated or corrupt ({e}); send the whole file") from e
+        raise InputError(f"{what} is truncated or corrupt ({e}); the whole file is needed") from e
     return im
+
+
+def _signature(head: bytes) -> str | None:
+    """The format a file's first bytes announce (JPEG, PNG, WebP, BMP), or None."""
+    if head.startswith(b"\xff\xd8\xff"):
+        return "JPEG"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "PNG"
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "WebP"
+    if head.startswith(b"BM"):
+        return "BMP"
+    return None
 
 
 def read_image(path: Path, max_pixels: int = MAX_PIXELS) -> Image:
