@@ -58,6 +58,8 @@ def test_healthy_server(nano_server, nano_build):
     r = _healthcheck("--url", _url(nano_server), "--build-dir", str(nano_build), "--json")
     assert r.returncode == 0, r.stderr
     assert '"healthy": true' in r.stdout
+    r = _healthcheck("--url", _url(nano_server) + "/v2")  # the API's own path, given by habit
+    assert r.returncode == 0, r.stderr
 
 
 def test_the_image_probe_checks_as_the_command_line_does(nano_server, nano_build, copy_build):

@@ -200,8 +200,9 @@ def test_bad_pictures_are_400s_and_the_server_keeps_serving(server) -> None:
     msg = _http_error(client, "vit-nano", [good[0]])
     assert "has datatype 'BYTES', expected FP32: model 'vit-nano' was built without preprocessing" in msg
     assert "so it takes only input: FP32[N, 3, 32, 32], not encoded pictures" in msg
-    with pytest.raises(InferenceServerException, match="unknown model 'vit-nano_image'"):
+    with pytest.raises(InferenceServerException, match="unknown model 'vit-nano_image'") as e:
         client.get_model_metadata("vit-nano_image")
+    assert f"and '{MODEL}_image' (encoded pictures)" in str(e.value)  # the companions are named too
     # still serving, and the refusals were counted as invalid requests
     inp = httpclient.InferInput("input", [1], "BYTES")
     inp.set_data_from_numpy(np.array(good, dtype=object))

@@ -122,7 +122,8 @@ class _Client:
             )
         self.url = url
         self.host, self.port = parts.hostname, parts.port or 80
-        self.prefix = parts.path.rstrip("/")
+        # a path before the API (a proxy's); the API's own /v2, given by habit, is not part of it
+        self.prefix = parts.path.rstrip("/").removesuffix("/v2")
         self.deadline = deadline
 
     def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):

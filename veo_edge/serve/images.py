@@ -210,23 +210,34 @@ class ImageModels:
     def _base(self, name: str) -> str:
         return self.companions.get(name, name)
 
+    def _inner(self, call: Any, name: str, *args: Any) -> Any:
+        """``call(base name, *args)`` on the wrapped service; its 404 for an unknown model also names the
+        companions (the wrapped service lists only the models it has)."""
+        try:
+            return call(self._base(name), *args)
+        except ProtocolError as e:
+            if e.status != 404 or not self.companions or not str(e).startswith("unknown model"):
+                raise
+            extra = ", ".join(f"{c!r} (encoded pictures)" for c in sorted(self.companions))
+            raise ProtocolError(f"{e}; and {extra}", 404) from e
+
     async def close(self) -> None:
         await self.inner.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- per model ------------------------------------------------------------------------------
     def model_spec(self, name: str, version: str | None = None) -> ModelSpec:
-        spec = self.inner.model_spec(self._base(name), version)
+        spec = self._inner(self.inner.model_spec, name, version)
         return companion_spec(spec) if name in self.companions else spec
 
     def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
-        meta = self.inner.model_metadata(self._base(name), version)
+        meta = self._inner(self.inner.model_metadata, name, version)
         if name in self.companions:
             meta = {**meta, "name": name, "inputs": [t.to_metadata() for t in self.model_spec(name).inputs]}
         return meta
 
     def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
-        config = self.inner.model_config(self._base(name), version)
+        config = self._inner(self.inner.model_config, name, version)
         if name in self.companions:
             # max_batch_size 0: the declared shapes are whole, [-1] is the pictures' axis (as the metadata
             # says); the model behind it still batches them with other requests' samples
@@ -244,7 +255,7 @@ class ImageModels:
         return config
 
     def model_readiness(self, name: str, version: str | None = None) -> dict[str, Any]:
-        return self.inner.model_readiness(self._base(name), version)
+        return self._inner(self.inner.model_readiness, name, version)
 
     def model_labels(self, name: str) -> list[str] | None:
         return self.inner.model_labels(self._base(name))
