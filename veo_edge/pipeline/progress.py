@@ -47,8 +47,8 @@ class StageReporter:
         try:
             yield
         except BaseException:
-            if task is not None:
-                self._progress.update(task, description=f"[red]✗ {description}")
+            if task is not None:  # finished: its spinner column goes blank, as a ✓ stage's does
+                self._progress.update(task, completed=1, description=f"[red]✗[/] {description}")
             raise
         self.timings[key] = round(time.perf_counter() - start, 3)
         if task is not None:
