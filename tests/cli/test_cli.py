@@ -161,6 +161,19 @@ def test_infer_input_that_is_not_npy_says_so(tmp_path, nano_build):
     assert r.returncode == 4 and "cannot read input" in r.stderr and "No such file or directory" in r.stderr
 
 
+def test_infer_warns_of_nan_inputs(tmp_path, nano_build):
+    x = np.zeros((1, 3, 32, 32), np.float32)
+    x[0, 0, :2, :3] = np.nan
+    np.save(tmp_path / "nan.npy", x)
+    r = veo("infer", nano_build, "--input", tmp_path / "nan.npy", "--json")
+    assert r.returncode == 0, r.stderr
+    said = "the input holds 6 NaN or infinite values of 3072; outputs follow from them"
+    assert f"warning: {said}" in r.stderr and json.loads(r.stdout)["warning"] == said
+    np.save(tmp_path / "ok.npy", np.zeros_like(x))
+    r = veo("infer", nano_build, "--input", tmp_path / "ok.npy")
+    assert r.returncode == 0 and "warning" not in r.stderr
+
+
 def test_infer_runs_a_npy_input_on_both_cpu_backends(tmp_path, nano_build):
     x = tmp_path / "x.npy"
     np.save(x, np.load(nano_build / "canary" / "input.npy")[0])  # one sample, no batch axis

@@ -155,6 +155,12 @@ def infer(
         ]
     else:  # features have no classes to rank: each sample's values, and their L2 norm
         result["values"] = logits.tolist()
+    bad = int(np.size(x) - np.count_nonzero(np.isfinite(x))) if np.issubdtype(x.dtype, np.floating) else 0
+    if bad:  # a NaN or an infinity in, NaN out: said, not answered as if it were a result
+        result["warning"] = (
+            f"the input holds {bad} NaN or infinite values of {np.size(x)}; outputs follow from them"
+        )
+        console(stderr=True).print(f"warning: {result['warning']}", markup=False, soft_wrap=True)
     if json_out:
         print_json(result)
         return
