@@ -173,8 +173,11 @@ def test_verify_from_outside_pins_the_key(cpu_image, tmp_path: Path) -> None:
     from veo_edge.packaging.imagetrust import verify_image
 
     pub = signing.load_private_key(cpu_image.key).public_key()
+    volumes = {v.id for v in cpu_image.client.volumes.list()}
     report = verify_image(TAG, trusted_key=signing.fingerprint(pub), client=cpu_image.client)
     assert report["ok"] and report["signed_by"] == signing.fingerprint(pub)
+    # the containers it reads the image through go with the anonymous /cache volume the image declares
+    assert {v.id for v in cpu_image.client.volumes.list()} == volumes
     other = signing.fingerprint(signing.load_private_key(ed25519_pem(tmp_path / "other.pem")).public_key())
     code = "from veo_edge.cli.main import main; import sys; main(sys.argv[1:])"
     env = {**cpu_image.engine.env, "XDG_CONFIG_HOME": str(tmp_path / "config")}

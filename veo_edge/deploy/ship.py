@@ -100,7 +100,7 @@ def check_cache_volume(client: Any, trust: Trust, volume: str, mount: str) -> di
         bits, _ = container.get_archive(mount)
         items = cachecheck.scan_tar(bits, Path(mount).name)
     finally:
-        container.remove(force=True)
+        container.remove(force=True, v=True)  # and the anonymous /cache volume the image declares
     report = im.check_cache(items, trust_files, f"cache volume {volume} on the target")
     return {**report, "volume": volume}
 
@@ -129,7 +129,7 @@ def control_token_volume(client: Any, image_id: str, name: str, token_file: Path
         if not holder.put_archive(CONTROL_DIR, buf.getvalue()):
             raise DeployError(f"the target engine did not take the control token into volume {volume}")
     finally:
-        holder.remove(force=True)
+        holder.remove(force=True, v=True)
     return volume, _control_env(f"{CONTROL_DIR}/{CONTROL_FILE}")
 
 

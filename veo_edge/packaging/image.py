@@ -112,7 +112,7 @@ def _read_root(client, image: str) -> tuple[dict[str, im.Entry], dict[str, bytes
     except docker.errors.NotFound as e:
         raise ImageTrustError(f"image {image} has no {im.IMAGE_ROOT}; it is not a veo-edge image") from e
     finally:
-        container.remove(force=True)
+        container.remove(force=True, v=True)  # and the anonymous /cache volume the image declares
 
 
 @dataclass

@@ -61,7 +61,7 @@ def _scan_root(client: Any, image_id: str, ref: str):
     except docker.errors.NotFound:
         return None
     finally:
-        container.remove(force=True)
+        container.remove(force=True, v=True)  # and the anonymous /cache volume the image declares
 
 
 def scan_volume(client: Any, image_id: str, volume: str, mount: str):
@@ -75,7 +75,7 @@ def scan_volume(client: Any, image_id: str, volume: str, mount: str):
         bits, _ = container.get_archive(mount)
         return cachecheck.scan_tar(bits, Path(mount).name)
     finally:
-        container.remove(force=True)
+        container.remove(force=True, v=True)  # and the anonymous /cache volume the image declares
 
 
 def verify_image(
