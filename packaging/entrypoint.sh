@@ -36,7 +36,10 @@ port=$((${VEO_EDGE_PORT:-8000} + offset))
 host="${VEO_EDGE_HOST:-0.0.0.0}"
 backend="${VEO_EDGE_BACKEND:-auto}"
 # KServe v2 gRPC (Triton's 8001) and a separate metrics port (-1: off; /metrics is on the HTTP port too)
-grpc_port=$((${VEO_EDGE_GRPC_PORT:-8001} + offset))
+grpc_port="${VEO_EDGE_GRPC_PORT:-8001}"
+if [ "$grpc_port" -ge 0 ]; then
+    grpc_port=$((grpc_port + offset))
+fi
 metrics_port="${VEO_EDGE_METRICS_PORT:--1}"
 if [ "$metrics_port" -ge 0 ]; then
     metrics_port=$((metrics_port + offset))

@@ -62,7 +62,7 @@ def test_deploy_transfers_runs_healthy_then_rolls_back_a_bad_release(
     assert device_engine.docker("image", "inspect", test_images["v1"], check=False).returncode != 0
 
     r = deploy(docker_engine, device_engine, test_images["v1"], "--name", name, "--port", "18123", "--json",
-               "--pids-limit", "1024")  # fmt: skip
+               "--pids-limit", "1024", "--grpc-port", "18124")  # fmt: skip
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["transfer"]["method"] == "stream" and report["transfer"]["bytes"] > 10 << 20
@@ -71,6 +71,7 @@ def test_deploy_transfers_runs_healthy_then_rolls_back_a_bad_release(
     assert s["image"] == test_images["v1"] and s["status"] == "running" and s["health"] == "healthy"
     assert s["read_only"] and s["restart"] == "unless-stopped" and s["network"] == "host"
     assert "VEO_EDGE_PORT=18123" in s["env"] and "/cache" in s["mounts"]
+    assert "VEO_EDGE_GRPC_PORT=18124" in s["env"]  # a second release on the device gets its own gRPC port
     assert s["least"] == (["ALL"], ["no-new-privileges:true"], "10001:10001", 1024)
     assert (
         s["image_id"]
@@ -158,6 +159,19 @@ def test_bad_engine_addresses_are_one_line_errors(to, code, message) -> None:
     assert r.returncode == code, r.stderr
     assert message in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_grpc_port_that_cannot_be_is_refused_before_any_engine() -> None:
+    for args, said in (
+        (
+            ["--port", "18123", "--grpc-port", "18123"],
+            "--grpc-port 18123 is not a free TCP port beside --port 18123",
+        ),
+        (["--grpc-port", "70000"], "--grpc-port 70000 is not a free TCP port"),
+        (["--grpc-port", "9001", "--env", "VEO_EDGE_GRPC_PORT=9002"], "disagree; give one"),
+    ):
+        r = veo("deploy", "some/image:1", "--to", "unix:///nonexistent/docker.sock", *args)
+        assert r.returncode == 2 and said in r.stderr, r.stderr
 
 
 def test_status_of_an_unknown_release_and_a_missing_image(docker_engine, device_engine) -> None:

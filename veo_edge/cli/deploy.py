@@ -50,6 +50,12 @@ def deploy(
     ),
     name: str = typer.Option(None, "--name", help="Container or service name (default: the model's name)."),
     port: int = typer.Option(8000, "--port", "-p", help="Port the server listens on (host networking)."),
+    grpc_port: int = typer.Option(
+        None,
+        "--grpc-port",
+        help="Its KServe v2 gRPC port (default: the image's, 8001; -1: off). Give each release on one "
+        "device its own.",
+    ),
     timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for the release to be healthy."),
     registry: str = typer.Option(
         None, "--registry", help="Push, then pull by digest, through this registry."
@@ -137,6 +143,17 @@ def deploy(
     pacing = {k: v for k, v in pacing.items() if v is not None}
     if pacing and not swarm:
         raise UsageError("--update-monitor and --update-delay pace a Swarm service's updates: add --swarm")
+    run_env = _env(env)
+    if grpc_port is not None:
+        from veo_edge.deploy.profiles import GRPC_PORT_ENV
+
+        if (grpc_port != -1 and not 0 < grpc_port < 65536) or grpc_port == port:
+            raise UsageError(
+                f"--grpc-port {grpc_port} is not a free TCP port beside --port {port} (1..65535, or -1: off)"
+            )
+        if run_env.get(GRPC_PORT_ENV, str(grpc_port)) != str(grpc_port):
+            raise UsageError(f"--grpc-port {grpc_port} and --env {GRPC_PORT_ENV}=... disagree; give one")
+        run_env[GRPC_PORT_ENV] = str(grpc_port)  # what the image's entrypoint serves gRPC on
     if k8s is not None:
         from veo_edge.deploy import Workload
 
@@ -151,7 +168,7 @@ def deploy(
             selinux_type=selinux_type,
             memory=memory,
             cpus=cpus,
-            env=_env(env),
+            env=run_env,
             control_token_secret=control_token_secret,
         )
         from veo_edge.cli._deploy_k8s import k8s_render
@@ -177,7 +194,7 @@ def deploy(
         plan = ServiceOptions(
             replicas=None if global_mode else (replicas or 1),
             port=port,
-            env=_env(env),
+            env=run_env,
             memory=memory,
             cpus=cpus,
             **pacing,
@@ -185,7 +202,7 @@ def deploy(
         )
     else:
         plan = RunOptions(
-            port=port, selinux_type=selinux_type, memory=memory, cpus=cpus, env=_env(env), **least
+            port=port, selinux_type=selinux_type, memory=memory, cpus=cpus, env=run_env, **least
         )
     plan.check()
     from veo_edge.cli._deploy_run import ship

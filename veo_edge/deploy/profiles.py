@@ -22,6 +22,8 @@ LABEL_CACHE_DIR = "io.veo-edge.cache-dir"
 LABEL_PORT_ENV = "io.veo-edge.port-env"
 DEFAULT_CACHE_DIR = "/cache"  # the VOLUME of veo-edge images (packaging/Dockerfile)
 DEFAULT_PORT_ENV = "VEO_EDGE_PORT"
+#: the gRPC port of a veo-edge image's server (its entrypoint adds a replica's slot offset)
+GRPC_PORT_ENV = "VEO_EDGE_GRPC_PORT"
 #: the node label naming a node's device class (a Swarm placement constraint, a Kubernetes nodeSelector)
 NODE_LABEL = "veo.target"
 

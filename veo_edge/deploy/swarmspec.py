@@ -19,12 +19,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from veo_edge.deploy.profiles import NODE_LABEL, ImageFacts, gpu_run, memory_bytes
+from veo_edge.deploy.profiles import GRPC_PORT_ENV, NODE_LABEL, ImageFacts, gpu_run, memory_bytes
 from veo_edge.deploy.runopts import DEFAULT_PIDS_LIMIT, DEFAULT_USER, gpu_request
 from veo_edge.errors import UsageError
 
 SLOT_ENV = "VEO_EDGE_REPLICA_SLOT"
-GRPC_PORT_ENV = "VEO_EDGE_GRPC_PORT"
 
 
 @dataclass(frozen=True)
