@@ -116,10 +116,15 @@ def build(
         from veo_edge.targets import get_target
 
         for_platform(get_target(target), platform)  # an unknown target or platform fails before the export
+        from veo_edge.packaging.image import check_reference
+
+        for flag, ref in (("--image", image), ("--base-image", base_image)):
+            if ref:  # a name Docker refuses: now, not after the build and the image
+                check_reference(ref, flag)
         if not context_only:
             from veo_edge.packaging.image import connect
 
-            connect(timeout=30).close()  # no Docker engine: one line now, not after minutes of export
+            connect(timeout=30, building=True).close()  # no engine: one line now, not after the export
     shape = parse_input_shape(input_shape)
     if module is not None:
         source = ModuleSource(module, input_shape=shape, checkpoint=checkpoint)

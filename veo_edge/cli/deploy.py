@@ -135,6 +135,10 @@ def deploy(
         with interrupt_on_signals():
             _action(args[0], args[1], _address(to, tls_ca, tls_cert, tls_key), swarm, timeout, json_out)
         return
+    from veo_edge.packaging.image import check_reference
+
+    for image in args:  # a name Docker refuses: one line before any engine is asked
+        check_reference(image, "IMAGE", image_id=True)
     if replicas is not None and global_mode:
         raise UsageError("--replicas and --global exclude each other")
     if replicas is not None and replicas < 1:  # `replicas or 1` below would turn 0 into 1 without a word

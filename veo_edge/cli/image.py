@@ -37,6 +37,11 @@ def package(
 
     if context_only and (image or save):
         raise UsageError("--context-only stops before the engine; it cannot be combined with --image/--save")
+    from veo_edge.packaging.image import check_reference
+
+    for flag, ref in (("--image", image), ("--base-image", base_image)):
+        if ref:  # a name Docker refuses: now, not after the context and the image are made
+            check_reference(ref, flag)
     c = console()
 
     def say(msg: str) -> None:
@@ -49,7 +54,7 @@ def package(
     if not context_only:
         from veo_edge.packaging.image import connect
 
-        client = connect()  # before minutes of assembly: no engine is a one-line error now
+        client = connect(building=True)  # before minutes of assembly: no engine is a one-line error now
     # the platform's target, with the Python and glibc of its base image (read from the image when an
     # engine holds it; the target's declared values otherwise, and the progress says which)
     t = get_target(target)

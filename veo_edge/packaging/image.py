@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -27,11 +28,43 @@ from veo_edge.packaging import manifest as im
 from veo_edge.packaging.context import Context
 
 Progress = Callable[[str], None]
-ENGINE_HINT = (
-    "start a Docker engine, set DOCKER_HOST to one, or pass --context-only to stop before the engine"
-)
+ENGINE_HINT = "start a Docker engine or set DOCKER_HOST to one"
 LABEL_MANIFEST = "io.veo-edge.manifest.sha256"
 LABEL_KEY = "io.veo-edge.signing-key.fingerprint"
+
+
+# an image reference, as distribution's reference grammar has it (the Docker SDK has no validator): an
+# optional registry (a host with a dot or a port, or localhost), lowercase path components, a tag, a digest
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REFERENCE = re.compile(
+    rf"(?:(?P<registry>[^/]+)/)?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
+_REGISTRY = re.compile(
+    r"(?:localhost|[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
+    r"|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+)
+_IMAGE_ID = re.compile(r"(?:sha256:)?[0-9a-f]{12,64}")
+
+
+def check_reference(ref: str, flag: str, image_id: bool = False) -> None:
+    """A :class:`UsageError` now for a name Docker would refuse only after the work (``flag`` names
+    where it came from; ``image_id``: an image ID is accepted too)."""
+    from veo_edge.errors import UsageError
+
+    if image_id and _IMAGE_ID.fullmatch(ref):
+        return
+    m = _REFERENCE.fullmatch(ref)
+    registry = m and m.group("registry")
+    if registry is not None and m and not ("." in registry or ":" in registry or registry == "localhost"):
+        m = _REFERENCE.fullmatch(ref.split("/", 1)[1]) and re.fullmatch(_COMPONENT, registry)  # a path
+    elif registry is not None and m and not _REGISTRY.fullmatch(registry):
+        m = None
+    if not m:
+        raise UsageError(
+            f"{flag} {ref!r} is not an image reference Docker takes: [REGISTRY/]NAME[:TAG], the name in "
+            "lowercase letters, digits and . _ - separators, e.g. veo-edge/vit-tiny:1"
+        )
 
 
 def refuse_plain_tcp() -> None:
@@ -49,8 +82,9 @@ def refuse_plain_tcp() -> None:
         )
 
 
-def connect(timeout: int = 600):
-    """A Docker SDK client for DOCKER_HOST (or the default socket), checked with a ping."""
+def connect(timeout: int = 600, building: bool = False):
+    """A Docker SDK client for DOCKER_HOST (or the default socket), checked with a ping; ``building``:
+    the refusal also offers an image build's --context-only."""
     refuse_plain_tcp()
     try:
         import docker
@@ -67,7 +101,8 @@ def connect(timeout: int = 600):
         client = docker.from_env(timeout=timeout)
         client.ping()
     except docker.errors.DockerException as e:
-        raise EngineUnreachableError(f"no Docker engine answers at {where} ({e}); {ENGINE_HINT}") from e
+        hint = ENGINE_HINT + (", or pass --context-only to stop before the engine" if building else "")
+        raise EngineUnreachableError(f"no Docker engine answers at {where} ({e}); {hint}") from e
     return client
 
 

@@ -91,8 +91,9 @@ def verify_image(
     that volume; raises :class:`ImageTrustError` on the first refusal (unless ``allow_unsigned``)."""
     import docker
 
-    from veo_edge.packaging.image import connect
+    from veo_edge.packaging.image import check_reference, connect
 
+    check_reference(image, "IMAGE", image_id=True)  # the engine's answer would be an APIError 400
     client = client or connect()
     try:
         img = client.images.get(image)
