@@ -201,7 +201,13 @@ def build(
             c.print(f"  {line}", soft_wrap=True, markup=False)
     for kind in arts:
         c.print(f"  {kind:<16} {result.path / arts[kind]['path']}")
-    c.print(f"Next: [bold]veo-edge infer {result.path}{_example_input(result.manifest)}[/]")
+    shipped = (result.manifest.get("image") or {}).get("image")
+    if shipped:  # an image was made: checking and shipping it comes next
+        c.print(
+            f"Next: [bold]veo-edge verify {shipped}[/], then [bold]veo-edge deploy {shipped} --to ENGINE[/]"
+        )
+    else:
+        c.print(f"Next: [bold]veo-edge infer {result.path}{_example_input(result.manifest)}[/]")
 
 
 def _example_input(manifest: dict) -> str:

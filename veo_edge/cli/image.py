@@ -70,8 +70,15 @@ def package(
     result = {"context": str(ctx.path), "target": target, "build_args": ctx.build_args}
     if context_only:
         if not quiet:
-            c.print(
-                f"[bold green]Image context[/] for {target} -> {ctx.path} (docker build --target {ctx.stage})"
+            import shlex
+
+            args = " ".join(f"--build-arg {k}={shlex.quote(str(v))}" for k, v in ctx.build_args.items())
+            c.print(f"[bold green]Image context[/] for {target} -> {ctx.path}")
+            c.print(  # its build args are part of the image (base, labels): without them it is another one
+                f"  to build it yourself (unsigned; `veo-edge image build` builds and signs it): docker build "
+                f"--target {ctx.stage} {args} {shlex.quote(str(ctx.path))}",
+                markup=False,
+                soft_wrap=True,
             )
         return result
     from veo_edge.packaging.image import build_image
