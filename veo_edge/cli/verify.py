@@ -108,6 +108,15 @@ def verify_command(
     if quiet:
         return
     c = console()
+    accepted = report["kind"] == "image" and report.get("image_id") and not report.get("verified")
+    if accepted:  # the files match, the signature does not: not "verified"
+        c.print(
+            f"[bold yellow]accepted UNVERIFIED[/] {report['source']} (--allow-unsigned): {report['files']} "
+            f"files, {report['bytes'] / 1e6:.1f} MB, every sha256 matches the image manifest; its image ID "
+            "is not signed by a trusted key",
+            soft_wrap=True,
+        )
+        return
     if report["kind"] == "image":
         if report.get("image_id"):
             signed = (

@@ -105,7 +105,8 @@ def verify_image(
     def refuse(message: str) -> None:
         if not allow_unsigned:
             raise ImageTrustError(message)
-        warnings.append(message)
+        # accepted knowingly: the warning says what is wrong, not to pass the flag that was passed
+        warnings.append(message.removesuffix(", or pass --allow-unsigned to accept it knowingly"))
 
     pinned, pin_from = resolve_pin(trusted_key)
     if signature is not None:
