@@ -15,19 +15,19 @@ class Bar:
     def __enter__(self):
         if self.quiet:
             return None
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            console=self.out,
-        )
-        self.progress.start()
-        self.task = self.progress.add_task(self.description, total=None)
 
         def tick(done: int, total: int | None) -> None:
+            if (
+                self.progress is None
+            ):  # drawn from the first byte moved: a target that has the image moves none
+                from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+                self.progress = Progress(
+                    TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                    console=self.out,
+                )  # fmt: skip
+                self.progress.start()
+                self.task = self.progress.add_task(self.description, total=None)
             # the image size is an estimate of the stream's length: never show more than 100 %
             self.progress.update(self.task, completed=done, total=max(total, done) if total else None)
 
