@@ -108,28 +108,20 @@ def verify_command(
     if quiet:
         return
     c = console()
-    accepted = report["kind"] == "image" and report.get("image_id") and not report.get("verified")
-    if accepted:  # the files match, the signature does not: not "verified"
-        c.print(
-            f"[bold yellow]accepted UNVERIFIED[/] {report['source']} (--allow-unsigned): {report['files']} "
-            f"files, {report['bytes'] / 1e6:.1f} MB, every sha256 matches the image manifest; its image ID "
-            "is not signed by a trusted key",
-            soft_wrap=True,
-        )
-        return
     if report["kind"] == "image":
-        if report.get("image_id"):
-            signed = (
-                f"image ID signed by {report['signed_by']} (trusted: {report['pinned_from']})"
-                if report.get("verified")
-                else "NOT VERIFIED: accepted with --allow-unsigned"
-            )
-        else:
+        # its files match; --allow-unsigned accepted an image ID no trusted key signed: not "verified"
+        accepted = report.get("image_id") and not report.get("verified")
+        if not report.get("image_id"):
             signed = f"signed by {report['signed_by']}" if report["signed_by"] else "UNSIGNED (allowed)"
+        elif accepted:
+            signed = "its image ID is not signed by a trusted key"
+        else:
+            signed = f"image ID signed by {report['signed_by']} (trusted: {report['pinned_from']})"
+        head = "[bold yellow]accepted UNVERIFIED[/]" if accepted else "[bold green]verified[/]"
         cache_note = f"; cache clean ({report['cache']['entries']} entries)" if report.get("cache") else ""
         c.print(
-            f"[bold green]verified[/] {report['source']}: {report['files']} files, {report['bytes'] / 1e6:.1f} MB, "
-            f"every sha256 matches the image manifest; {signed}{cache_note}",
+            f"{head} {report['source']}{' (--allow-unsigned)' if accepted else ''}: {report['files']} files, "
+            f"{report['bytes'] / 1e6:.1f} MB, every sha256 matches the image manifest; {signed}{cache_note}",
             soft_wrap=True,
         )
         return
