@@ -116,11 +116,9 @@ def build(
         from veo_edge.targets import get_target
 
         for_platform(get_target(target), platform)  # an unknown target or platform fails before the export
-        from veo_edge.packaging.image import check_reference
+        from veo_edge.packaging.image import check_image_flags
 
-        for flag, ref in (("--image", image), ("--base-image", base_image)):
-            if ref:  # a name Docker refuses: now, not after the build and the image
-                check_reference(ref, flag)
+        check_image_flags(image, base_image)  # a name Docker refuses: now, not after the build and image
         if not context_only:
             from veo_edge.packaging.image import connect
 

@@ -37,11 +37,6 @@ def package(
 
     if context_only and (image or save):
         raise UsageError("--context-only stops before the engine; it cannot be combined with --image/--save")
-    from veo_edge.packaging.image import check_reference
-
-    for flag, ref in (("--image", image), ("--base-image", base_image)):
-        if ref:  # a name Docker refuses: now, not after the context and the image are made
-            check_reference(ref, flag)
     c = console()
 
     def say(msg: str) -> None:
@@ -152,6 +147,9 @@ def build_command(
     ),
 ) -> None:
     """Build the container image of an existing build directory for a target."""
+    from veo_edge.packaging.image import check_image_flags
+
+    check_image_flags(image, base_image)  # a name Docker refuses: now, not after the context and image
     result = package(
         build_dir, target, image, save, context_only, base_image, sign_key, out, force,
         quiet or json_out, platform, plugin_libs,

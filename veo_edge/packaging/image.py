@@ -33,12 +33,12 @@ LABEL_MANIFEST = "io.veo-edge.manifest.sha256"
 LABEL_KEY = "io.veo-edge.signing-key.fingerprint"
 
 
-# an image reference, as distribution's reference grammar has it (the Docker SDK has no validator): an
-# optional registry (a host with a dot or a port, or localhost), lowercase path components, a tag, a digest
+# an image reference, as distribution's reference grammar has it (the Docker SDK has no validator):
+# [REGISTRY/]NAME[:TAG][@DIGEST], the registry a host with a dot or a port, or localhost
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_REFERENCE = re.compile(
-    rf"(?:(?P<registry>[^/]+)/)?{_COMPONENT}(?:/{_COMPONENT})*"
-    r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+_NAME = re.compile(
+    rf"{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
 )
 _REGISTRY = re.compile(
     r"(?:localhost|[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*"
@@ -52,19 +52,25 @@ def check_reference(ref: str, flag: str, image_id: bool = False) -> None:
     where it came from; ``image_id``: an image ID is accepted too)."""
     from veo_edge.errors import UsageError
 
+    head, _, rest = ref.partition("/")
     if image_id and _IMAGE_ID.fullmatch(ref):
         return
-    m = _REFERENCE.fullmatch(ref)
-    registry = m and m.group("registry")
-    if registry is not None and m and not ("." in registry or ":" in registry or registry == "localhost"):
-        m = _REFERENCE.fullmatch(ref.split("/", 1)[1]) and re.fullmatch(_COMPONENT, registry)  # a path
-    elif registry is not None and m and not _REGISTRY.fullmatch(registry):
-        m = None
-    if not m:
+    if rest and ("." in head or ":" in head or head == "localhost"):  # the first part is a registry
+        ok = _REGISTRY.fullmatch(head) and _NAME.fullmatch(rest)
+    else:
+        ok = _NAME.fullmatch(ref)
+    if not ok:
         raise UsageError(
             f"{flag} {ref!r} is not an image reference Docker takes: [REGISTRY/]NAME[:TAG], the name in "
             "lowercase letters, digits and . _ - separators, e.g. veo-edge/vit-tiny:1"
         )
+
+
+def check_image_flags(image: str | None, base_image: str | None) -> None:
+    """``--image`` and ``--base-image`` checked before any build work (:func:`check_reference`)."""
+    for flag, ref in (("--image", image), ("--base-image", base_image)):
+        if ref:
+            check_reference(ref, flag)
 
 
 def refuse_plain_tcp() -> None:
