@@ -195,22 +195,25 @@ def check_server(
         status, _, body = client.request("GET", f"/v2/models/{name}/ready")
         if status != 200:
             raise NotReadyError(f"model {name!r} is not ready at {url} (HTTP {status}): {_error_of(body)}")
-        status, _, meta = client.request("GET", f"/v2/models/{name}")
-        inputs = (_kserve_json(url, f"/v2/models/{name}", meta) or {}).get("inputs")
-        if status != 200 or not inputs:
-            raise NotReadyError(f"the server at {url} gave no inputs for model {name!r} (HTTP {status})")
-        asked, via = name, None
+
+        def inputs_of(model: str, why: str) -> list[dict[str, Any]]:
+            status, _, meta = client.request("GET", f"/v2/models/{model}")
+            inputs = (_kserve_json(url, f"/v2/models/{model}", meta) or {}).get("inputs")
+            if status != 200 or not inputs:
+                raise NotReadyError(f"{why} (HTTP {status})")
+            return inputs
+
+        asked = name
+        inputs = inputs_of(name, f"the server at {url} gave no inputs for model {name!r}")
         if inputs[0].get("datatype") == "BYTES" and name.endswith(PICTURES_SUFFIX):
             # a <model>_image companion takes encoded pictures, the canary is a tensor: it runs through
             # <model>, the same runtime (only the picture decoding is not exercised)
-            name, via = name[: -len(PICTURES_SUFFIX)], name
-            status, _, meta = client.request("GET", f"/v2/models/{name}")
-            inputs = (_kserve_json(url, f"/v2/models/{name}", meta) or {}).get("inputs")
-            if status != 200 or not inputs:
-                raise NotReadyError(
-                    f"model {asked!r} takes encoded pictures and the server has no model {name!r} to run "
-                    f"the canary tensor on (HTTP {status})"
-                )
+            name = name[: -len(PICTURES_SUFFIX)]
+            inputs = inputs_of(
+                name,
+                f"model {asked!r} takes encoded pictures and the server has no model {name!r} to run the "
+                "canary tensor on",
+            )
         if build is not None:
             canary = load_canary(build)
         else:
@@ -241,11 +244,12 @@ def check_server(
         if not result.ok:
             raise CanaryMismatchError(f"{result.reason} (model {name!r} at {url})")
         report = {"healthy": True, "url": url, "model": name, "canary": result.to_dict()}
-        return report | (
-            {"asked": asked, "note": f"{asked!r} takes encoded pictures: the canary ran on {name!r}"}
-            if via
-            else {}
-        )
+        if asked != name:
+            report |= {
+                "asked": asked,
+                "note": f"{asked!r} takes encoded pictures: the canary ran on {name!r}",
+            }
+        return report
 
     return _with_deadline(run, timeout, f"the healthcheck of {url}")
 
