@@ -52,6 +52,7 @@ def interrupt_on_signals() -> Iterator[None]:
         _INTERRUPTED.append(name)
         raise KeyboardInterrupt(name)
 
+    _INTERRUPTED.clear()  # a command run before in this process (tests call main() again) is over
     saved = {s: signal.signal(s, _raise) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield

@@ -17,9 +17,8 @@ class Bar:
             return None
 
         def tick(done: int, total: int | None) -> None:
-            if (
-                self.progress is None
-            ):  # drawn from the first byte moved: a target that has the image moves none
+            # drawn from the first byte moved: a target that has the image moves none
+            if self.progress is None:
                 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
                 self.progress = Progress(

@@ -73,6 +73,7 @@ def _interrupt_behind(e: BaseException) -> KeyboardInterrupt | None:
 
 
 def _say_interrupted(e: KeyboardInterrupt) -> None:
+    """``interrupted``, and by which signal where :func:`interrupt_on_signals` raised it (Ctrl-C: none)."""
     by = f" by {e.args[0]}" if e.args and str(e.args[0]).startswith("SIG") else ""
     console(stderr=True).print(f"[yellow]interrupted{by}[/]")
 
@@ -109,8 +110,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:
         if State.debug:
             raise
-        if interrupted_by():  # the interrupt raised inside an import, and came out as another error
-            _say_interrupted(KeyboardInterrupt(interrupted_by()))
+        signame = interrupted_by()
+        if signame:  # the interrupt raised inside an import, and came out as another error
+            _say_interrupted(KeyboardInterrupt(signame))
             sys.exit(130)
         from rich.markup import escape
 
