@@ -181,6 +181,21 @@ class BuildDir:
             )
         return p
 
+    def file_problems(self) -> list[str]:
+        """Each artifact whose file is missing or not the size the manifest records, as a sentence (a stat
+        each: :meth:`verify` hashes them)."""
+        problems = []
+        for kind, entry in sorted(self.manifest.get("artifacts", {}).items()):
+            p = self.path / entry["path"]
+            if not p.is_file():
+                problems.append(f"artifact {kind} ({entry['path']}) is missing")
+            elif p.stat().st_size != int(entry["bytes"]):
+                problems.append(
+                    f"artifact {kind} ({entry['path']}) has {p.stat().st_size} bytes, the manifest records "
+                    f"{entry['bytes']}"
+                )
+        return problems
+
     def artifact(self, kind: str) -> Path:
         """The path of artifact ``kind``, verified against the manifest (hashed the first time only)."""
         p = self._file(kind)

@@ -41,12 +41,24 @@ def inspect(
         "preprocess": m.get("preprocess"),
         "artifacts": sorted(m.get("artifacts", {})),
         # missing or resized files (a stat each, no hashing: `veo-edge verify` hashes them)
-        "artifact_problems": _artifact_problems(b),
+        "artifact_problems": b.file_problems(),
         "engine_choices": read_choices(cache_dir(b.path), m["model"]["name"]),
     }
     if json_out:
         print_json({**summary, "surgery": None if report is None else report.to_dict()})
-        return _fail_on(summary["artifact_problems"], b)
+    else:
+        _show(b, summary, report)
+    if summary["artifact_problems"]:  # shown first; then an error (exit 7), as serve, infer, verify give
+        from veo_edge.errors import BuildDirError
+
+        problems = "; ".join(summary["artifact_problems"])
+        raise BuildDirError(
+            f"build {b.path} is incomplete: {problems}; rebuild with `veo-edge build --force`"
+        )
+
+
+def _show(b, summary: dict, report) -> None:
+    """The summary and the surgery report as text."""
     from rich.table import Table
 
     c = console()
@@ -74,7 +86,7 @@ def inspect(
             )
     if report is None:
         c.print("  no plugin surgery in this build (built with --no-plugins or by an older veo-edge)")
-        return _fail_on(summary["artifact_problems"], b)
+        return
     table = Table(title="Plugin surgery")
     for col in ("op", "candidates", "matched", "replaced"):
         table.add_column(col)
@@ -84,33 +96,6 @@ def inspect(
     for line in report.lines():
         if not line.startswith(("VeoAttention:", "VeoPatchEmbedLayerNorm:")):
             c.print(f"  {line}", soft_wrap=True, markup=False)
-    _fail_on(summary["artifact_problems"], b)
-
-
-def _artifact_problems(b) -> list[str]:
-    """Each artifact whose file is missing or not the size the manifest records, as a sentence."""
-    problems = []
-    for kind, entry in sorted(b.manifest.get("artifacts", {}).items()):
-        p = b.path / entry["path"]
-        if not p.is_file():
-            problems.append(f"artifact {kind} ({entry['path']}) is missing")
-        elif p.stat().st_size != int(entry["bytes"]):
-            problems.append(
-                f"artifact {kind} ({entry['path']}) has {p.stat().st_size} bytes, the manifest records "
-                f"{entry['bytes']}"
-            )
-    return problems
-
-
-def _fail_on(problems: list[str], b) -> None:
-    """After the build is shown: a build with missing or resized artifacts is an error (exit 7), as it
-    is for serve, infer and verify."""
-    if problems:
-        from veo_edge.errors import BuildDirError
-
-        raise BuildDirError(
-            f"build {b.path} is incomplete: {'; '.join(problems)}; rebuild with `veo-edge build --force`"
-        )
 
 
 def _print_inputs(c, summary: dict) -> None:
