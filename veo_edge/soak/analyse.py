@@ -193,11 +193,10 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     run = {
         "run_dir": str(store.path),
         "target": config.url or config.build_dir,
-        "kind": ("grpc" if config.url.startswith("grpc://") else "http") if config.url else "in-process",
+        "kind": config.kind,
         # where the server's memory came from (None in-process: this process's own), and whether any
         # sample had it: a run without one has no leak check to fail
-        "metrics_url": config.metrics_url
-        or (f"{config.url}/metrics" if config.url and not config.url.startswith("grpc://") else None),
+        "metrics_url": config.metrics_source,
         "memory_sampled": any(k in first_last for k in LEAK_SERIES),
         "mode": config.mode,
         "batch": config.batch,

@@ -111,10 +111,25 @@ class SoakConfig:
             self.thresholds = Thresholds.from_dict(self.thresholds)
 
     @property
+    def kind(self) -> str:
+        """What the run drives: ``in-process``, or a server over ``http`` or ``grpc``."""
+        if self.url is None:
+            return "in-process"
+        return "grpc" if self.url.startswith("grpc://") else "http"
+
+    @property
+    def metrics_source(self) -> str | None:
+        """Where a server's Prometheus metrics are read: --metrics-url, else URL/metrics over HTTP; none
+        over gRPC (it carries no /metrics) or in-process (this process samples itself)."""
+        if self.metrics_url is not None or self.kind != "http":
+            return self.metrics_url
+        return f"{self.url}/metrics"
+
+    @property
     def samples_memory(self) -> bool:
-        """Whether the run samples the memory the leak check fits: in-process its own, over HTTP the
-        server's /metrics, over gRPC only a --metrics-url (gRPC carries no /metrics)."""
-        return self.url is None or not self.url.startswith("grpc://") or self.metrics_url is not None
+        """Whether the run samples the memory the leak check fits: in-process its own, a server's from
+        its metrics."""
+        return self.kind == "in-process" or self.metrics_source is not None
 
     @property
     def warmup(self) -> float:

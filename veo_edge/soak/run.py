@@ -45,10 +45,11 @@ class RunClock:
 
 
 def _target(config: SoakConfig, clock: RunClock):
-    from veo_edge.soak.targets import GrpcTarget, HttpTarget, InProcessTarget
+    from veo_edge.soak.servers import GrpcTarget, HttpTarget
+    from veo_edge.soak.targets import InProcessTarget
 
     if config.url is not None:
-        kind = GrpcTarget if config.url.startswith("grpc://") else HttpTarget
+        kind = GrpcTarget if config.kind == "grpc" else HttpTarget
         return kind(config.url, config.model_name, timeout_s=config.timeout_s, metrics_url=config.metrics_url)
     return InProcessTarget(
         Path(config.build_dir),
