@@ -54,6 +54,7 @@ def _thresholds(base: dict | None, **given) -> dict:
 def _finish(run_dir: Path, thresholds: dict | None, as_json: bool) -> None:
     from veo_edge.soak.config import Thresholds
     from veo_edge.soak.report import write_report
+    from veo_edge.soak.verdict import outcome
 
     th = Thresholds.from_dict(thresholds) if thresholds is not None else None
     report = write_report(run_dir, th)
@@ -63,12 +64,9 @@ def _finish(run_dir: Path, thresholds: dict | None, as_json: bool) -> None:
         out = console()
         v = report["verdict"]
         for c in v["checks"]:
-            mark = (
-                "[yellow]skipped[/]"
-                if c.get("skipped")
-                else "[green]pass[/]"
-                if c["pass"]
-                else "[bold red]FAIL[/]"
+            word = outcome(c)
+            mark = {"skipped": "[yellow]skipped[/]", "pass": "[green]pass[/]"}.get(
+                word, f"[bold red]{word}[/]"
             )
             out.print(f"  {mark} {c['name']}: {c['detail']}", soft_wrap=True)
         out.print(

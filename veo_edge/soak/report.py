@@ -17,6 +17,7 @@ from veo_edge.soak.config import Thresholds
 from veo_edge.soak.load import decode_histogram
 from veo_edge.soak.store import RunStore
 from veo_edge.soak.units import format_duration
+from veo_edge.soak.verdict import outcome
 
 #: points per plotted memory series (every k-th sample of longer runs)
 MAX_PLOT_SAMPLES = 5000
@@ -259,7 +260,7 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     for c in r["verdict"]["checks"]:
         lines.append(
-            f"| {c['name']} | {_fmt(c['value'])} | {_fmt(c['threshold'])} | {'skipped' if c.get('skipped') else 'pass' if c['pass'] else '**FAIL**'} | {c['detail']} |"
+            f"| {c['name']} | {_fmt(c['value'])} | {_fmt(c['threshold'])} | {outcome(c).replace('FAIL', '**FAIL**')} | {c['detail']} |"
         )
     lines += [
         "",

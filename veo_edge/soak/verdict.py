@@ -14,10 +14,9 @@ def verdict(report: dict[str, Any], th: Thresholds) -> dict[str, Any]:
     """Each check: name, value, threshold, pass; the run passes when every check passes."""
     checks = []
 
-    def check(name: str, value: Any, threshold: Any, ok: bool, detail: str) -> None:
-        checks.append(
-            {"name": name, "value": value, "threshold": threshold, "pass": bool(ok), "detail": detail}
-        )
+    def check(name: str, value: Any, threshold: Any, ok: bool, detail: str, skipped: bool = False) -> None:
+        c = {"name": name, "value": value, "threshold": threshold, "pass": bool(ok), "detail": detail}
+        checks.append(c | ({"skipped": True} if skipped else {}))
 
     run, req = report["run"], report["requests"]
     check(
@@ -83,8 +82,8 @@ def verdict(report: dict[str, Any], th: Thresholds) -> dict[str, Any]:
             "skipped: the server's memory was not sampled ("
             + (f"{where} gave none" if where else "gRPC carries no /metrics")
             + "); give --metrics-url http://HOST:PORT/metrics to check it",
+            skipped=True,
         )
-        checks[-1]["skipped"] = True
     elif not report["leak"]:
         check(
             "leak",
@@ -107,3 +106,9 @@ def verdict(report: dict[str, Any], th: Thresholds) -> dict[str, Any]:
         if isinstance(c["value"], float) and not math.isfinite(c["value"]):
             c["value"] = None
     return {"pass": all(c["pass"] for c in checks), "checks": checks}
+
+
+def outcome(check: dict[str, Any]) -> str:
+    """A check's word in the report and on the console: ``skipped`` (no data, not held against the run),
+    ``pass`` or ``FAIL``."""
+    return "skipped" if check.get("skipped") else "pass" if check["pass"] else "FAIL"
