@@ -24,6 +24,7 @@ from concurrent import futures
 from pathlib import Path
 from typing import NamedTuple
 
+import clients
 import harness as h
 import report
 
@@ -200,7 +201,9 @@ def main() -> None:
             time.sleep(3)  # imports and bind
             for rnd in range(1, args.rounds + 1):
                 for front, (port, _) in children.items():
-                    r = h.perf_analyzer(args.perf_analyzer, "m", port, "grpc", args.concurrency, args.seconds)
+                    r = clients.perf_analyzer(
+                        args.perf_analyzer, "m", port, "grpc", args.concurrency, args.seconds
+                    )
                     table.add(front=front, elements=elements, round=rnd, rate=r["rate"], p50=r["p50"])
         finally:
             for _, proc in children.values():

@@ -20,6 +20,7 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
+import clients
 import harness as h
 import raw_ov
 import report
@@ -114,23 +115,23 @@ def _pairs_run(args, build: Path, order: list[str], seed: int) -> dict[str, list
                 srv = stack.enter_context(
                     h.server(build, *serve, tree=args.old if arm == "old" else args.new)
                 )
-                calls[arm] = stack.enter_context(contextlib.closing(h.HttpCall.infer(build, srv.http)))
+                calls[arm] = stack.enter_context(contextlib.closing(clients.HttpCall.infer(build, srv.http)))
                 ports.append(srv.http)
         if srv := calls.pop("srv", None):
             for arm in ("http", "tritonclient"):
                 if arm in order:
                     call = (
-                        h.HttpCall.infer(build, srv.http)
+                        clients.HttpCall.infer(build, srv.http)
                         if arm == "http"
-                        else h.TritonCall("http", srv.http, name, x)
+                        else clients.TritonCall("http", srv.http, name, x)
                     )
                     calls[arm] = stack.enter_context(contextlib.closing(call))
             ports.append(srv.http)
         for port in ports if args.burst else ():
-            h.closed_loop(
-                lambda i, p=port: h.HttpCall.infer(build, p), 4, 600.0, -(-args.burst // 4), warmup_s=0
+            clients.closed_loop(
+                lambda i, p=port: clients.HttpCall.infer(build, p), 4, 600.0, -(-args.burst // 4), warmup_s=0
             )
-        return h.paired(calls, args.requests, seed)
+        return clients.paired(calls, args.requests, seed)
 
 
 def cmd_cells(args) -> None:
@@ -163,7 +164,7 @@ def cmd_cells(args) -> None:
             line = [f"pair {i + 1}: raw {raws[-1]:6.2f}"]
             for who, srv in servers.items():
                 before = h.model_stats(srv.http, name)["inference_stats"]
-                r = h.perf_analyzer(
+                r = clients.perf_analyzer(
                     args.perf_analyzer, name, srv.port(args.transport), args.transport, 1, args.seconds
                 )
                 after = h.model_stats(srv.http, name)["inference_stats"]

@@ -23,6 +23,7 @@ from pathlib import Path
 import harness as h
 import numpy as np
 import report
+from clients import closed_loop  # `clients` is a client count here
 
 PRECISIONS = ("f32", "bf16", "int8")
 
@@ -59,7 +60,7 @@ def cmd_batching(args) -> None:
                         rt.submit(x).result(timeout=60)
                         return "200"
 
-                    r = h.closed_loop(
+                    r = closed_loop(
                         lambda i: call, clients, 600.0, max(1, args.requests // clients), warmup_s=0
                     )
                     after = rt.stats()

@@ -29,6 +29,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+import clients
 import harness as h
 import one_client
 import raw_ov
@@ -169,14 +170,14 @@ def _cell(args, build: Path, name: str, x, port: int, transport: str, path: str,
     if path == "live":
         if not transport.startswith("http"):
             raise SystemExit("--path live is HTTP only: give --transports http")
-        make = lambda i: h.HttpCall(port, "GET", "/v2/health/live")  # noqa: E731
+        make = lambda i: clients.HttpCall(port, "GET", "/v2/health/live")  # noqa: E731
     elif args.perf_analyzer:
-        return h.perf_analyzer(args.perf_analyzer, name, port, transport, k, args.seconds)
+        return clients.perf_analyzer(args.perf_analyzer, name, port, transport, k, args.seconds)
     elif args.client == "http":
-        make = lambda i: h.HttpCall.infer(build, port, args.batch)  # noqa: E731
+        make = lambda i: clients.HttpCall.infer(build, port, args.batch)  # noqa: E731
     else:
-        make = lambda i: h.TritonCall(transport, port, name, x, str(i))  # noqa: E731
-    return h.closed_loop(make, k, args.seconds, args.requests)
+        make = lambda i: clients.TritonCall(transport, port, name, x, str(i))  # noqa: E731
+    return clients.closed_loop(make, k, args.seconds, args.requests)
 
 
 def cmd_load(args) -> None:
@@ -302,8 +303,11 @@ def cmd_faults(args) -> None:
         for _ in range(args.rounds):
             for label, env in runs.items():
                 with h.server(build, env=env) as srv:
-                    r = h.closed_loop(
-                        lambda i: h.HttpCall.infer(build, srv.http), args.clients, args.seconds, warmup_s=0
+                    r = clients.closed_loop(
+                        lambda i: clients.HttpCall.infer(build, srv.http),
+                        args.clients,
+                        args.seconds,
+                        warmup_s=0,
                     )
                     seen[label].append((r, _fault_metrics(srv.http)))
     for label, rounds in seen.items():

@@ -12,6 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import clients
 import harness as h
 import hf
 import report
@@ -52,7 +53,7 @@ def cmd_images(args) -> None:
                     ("f32", name, ()),
                     ("jpeg", name + "_image", ("--input-data", str(data))),
                 ):
-                    r = h.perf_analyzer(
+                    r = clients.perf_analyzer(
                         args.perf_analyzer,
                         model,
                         srv.port(args.transport),

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import clients
 import harness as h
 import numpy as np
 import report
@@ -108,7 +109,7 @@ def cmd_trace(args) -> None:
                 out = Path(tmp) / f"{who}-{r}.npy"
                 env = {"VEO_EDGE_TRACE": str(out)}
                 with h.server(build, *shm, tree=trees[who], env=env, entry=entry) as srv:
-                    p50 = h.perf_analyzer(
+                    p50 = clients.perf_analyzer(
                         args.perf_analyzer, name, srv.http, args.transport, 1, args.seconds
                     )["p50"]
                 t = np.load(out)
