@@ -137,14 +137,18 @@ class InferenceService:
                 e,
             )
             return None
-        sizes, measured = w["batch_sizes"], runtime.describe().get("batching")  # --batch-limit auto
+        described = runtime.describe()
+        sizes, measured = w["batch_sizes"], described.get("batching")  # --batch-limit auto
+        # what the backend holds from now on (the canary, run before, may have made one already):
+        # the same count as the veo_edge_openvino_infer_requests gauge
+        held = described.get("infer_requests", w["infer_requests"])
         log.info(
-            "model %r: warmed batch sizes %d..%d on %s (%d infer requests) in %.2f s%s",
+            "model %r: warmed batch sizes %d..%d on %s (%d infer requests held) in %.2f s%s",
             self.model.name,
             sizes[0],
             sizes[-1],
             w["backend"],
-            w["infer_requests"],
+            held,
             w["seconds"],
             f"; batch limit {sizes[-1]}: {measured['summary']}" if measured else "",
         )
