@@ -76,6 +76,8 @@ def test_stats_follow_tritons_convention(serve, nano_build):
     assert max(batches) > 1, batches  # concurrent requests shared batches
     assert sum(b["compute_infer"]["count"] for b in batches.values()) == s["execution_count"]
     assert sum(k * b["compute_infer"]["count"] for k, b in batches.items()) == s["inference_count"]
+    # the 32 requests and nothing else: the server's start-up canary is not traffic (nor in Triton's)
+    assert s["inference_count"] == s["inference_stats"]["success"]["count"] == 32
     infer = s["inference_stats"]["compute_infer"]
     # every batch ran >= 20 ms (slow_ms), so every request's compute time is >= 20 ms: the per-request
     # mean is not the batch time divided by the batch size

@@ -231,8 +231,10 @@ class Runtime:
         self.close()
 
     # -- inference --------------------------------------------------------------------------------
-    def infer(self, x: np.ndarray) -> np.ndarray:
-        """Run a batch ``(N, *input_shape)`` synchronously; batches above ``max_batch`` are split."""
+    def infer(self, x: np.ndarray, *, counted: bool = True) -> np.ndarray:
+        """Run a batch ``(N, *input_shape)`` synchronously; batches above ``max_batch`` are split.
+        ``counted=False``: a check of the server's own (its canary), left out of :meth:`stats`, as
+        Triton leaves its model warm-up out of its statistics (faults and switches still count)."""
         self._require_open()
         if not isinstance(x, np.ndarray):
             raise InputError(f"input is a {type(x).__name__}, expected a numpy array")
@@ -249,11 +251,12 @@ class Runtime:
             start = time.perf_counter_ns()
             ok = False
             try:
-                outs.append(self._run_batch(chunk))
+                outs.append(self._run_batch(chunk, counted))
                 ok = True
             finally:
-                with self._state_lock:
-                    self._sync.count(len(chunk), (time.perf_counter_ns() - start) / 1e3, ok)
+                if counted:
+                    with self._state_lock:
+                        self._sync.count(len(chunk), (time.perf_counter_ns() - start) / 1e3, ok)
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
     def submit(self, sample: np.ndarray, arrival: Arrival | None = None) -> Future:
@@ -330,10 +333,12 @@ class Runtime:
         )
         return self._fault_plan.wrap(runner, name)
 
-    def _run_batch(self, x: np.ndarray) -> np.ndarray:
+    def _run_batch(self, x: np.ndarray, counted: bool = True) -> np.ndarray:
         """Run one batch on the active backend (switching on its failure, see :class:`Fallback`)."""
         start = time.perf_counter_ns()
         out = self._backends.run({self.input_name: x}, self.output_name)
+        if not counted:
+            return out
         us = (time.perf_counter_ns() - start) / 1e3
         with self._state_lock:
             n = len(x)

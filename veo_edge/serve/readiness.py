@@ -55,7 +55,7 @@ class ReadinessCheck:
         try:
             self.canary = self.canary or load_canary(self.build)
             canary = self._canary_of(runtime)
-            out = runtime.infer(canary.input)
+            out = runtime.infer(canary.input, counted=False)  # not a request: not in the stats
             self.result = compare_canary(out, canary)
             self.error = self.result.reason
         except VeoEdgeError as e:
