@@ -4,6 +4,7 @@ concurrent load (every request answered exactly once, answers matching the refer
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from pathlib import Path
 
@@ -269,3 +270,15 @@ def test_stats_contract(nano_build: Path) -> None:
         "memory_pool",
     } <= set(s)
     assert s["requests_success"] == 1 and s["active_backend"] == "openvino" and s["memory_pool"] is None
+
+
+def test_without_nvml_on_a_machine_without_a_driver_the_gpu_skip_says_no_driver(
+    nano_build: Path, cpu_only: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cpu image has no pynvml (nvidia-ml-py is a GPU image's package): on a host with no NVIDIA driver
+    the GPU candidates' skip reason says that, not ``pip install nvidia-ml-py``."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    with veo_edge.Runtime(nano_build) as rt:
+        reasons = [s["reason"] for s in rt.state.skipped]
+    assert len(reasons) == 2 and all("no NVIDIA driver on this machine" in r for r in reasons), reasons
+    assert not any("nvidia-ml-py" in r for r in reasons)

@@ -144,11 +144,19 @@ def probe_cpu(source: str | Path | None = None) -> Probe:
     )
 
 
+def _nvidia_driver_present() -> bool:
+    """Whether an NVIDIA kernel driver is loaded here (what a container gets from the NVIDIA runtime
+    too), or Jetson's (its driver is in the kernel image, with /dev/nvhost-* devices)."""
+    return any(os.path.exists(p) for p in ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/nvhost-ctrl"))
+
+
 def probe_gpu() -> Probe:
     """NVIDIA GPUs through NVML (pynvml), with driver version and free memory per device."""
     try:
         import pynvml
     except ImportError:
+        if not _nvidia_driver_present():  # a CPU host or a cpu image: nothing to install
+            return Probe("gpu", False, reason="no NVIDIA driver on this machine (no /proc/driver/nvidia)")
         return Probe(
             "gpu", False, reason="pynvml is not installed (pip install nvidia-ml-py), so NVML cannot be read"
         )
