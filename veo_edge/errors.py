@@ -191,6 +191,12 @@ class ImageTrustError(VeoEdgeError):
     exit_code = 43
 
 
+class ImageNotFoundError(VeoEdgeError):
+    """The image to verify or deploy is in no engine that was asked (the local one, the target)."""
+
+    exit_code = 49
+
+
 class DeployInterruptedError(DeployError):
     """A deploy or rollback was interrupted (Ctrl-C, SIGTERM, SIGHUP) and the previous release restored."""
 

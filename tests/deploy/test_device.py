@@ -178,7 +178,7 @@ def test_status_of_an_unknown_release_and_a_missing_image(docker_engine, device_
     r = veo("deploy", "status", "no-such-release", "--to", device_engine.host)
     assert r.returncode == 44 and "no release named no-such-release" in r.stderr
     r = deploy(docker_engine, device_engine, "veo-test/none:missing", "--name", "x")
-    assert r.returncode == 44 and "is on neither the local engine nor the target" in r.stderr
+    assert r.returncode == 49 and "is on neither the local engine nor the target" in r.stderr
     r = veo("deploy", "rollback", "no-such-release", "--to", device_engine.host)
     assert r.returncode == 44 and "no previous release of no-such-release" in r.stderr
 

@@ -124,6 +124,9 @@ def test_a_copied_signature_and_a_re_signed_image_are_refused(cpu_image, pin, ta
     assert r.returncode == 0 and "WARNING (--allow-unsigned)" in r.stderr, r.stderr
     assert r.stdout.startswith("accepted UNVERIFIED") and "verified" not in r.stdout.replace("UNVERIFIED", "")
     assert "pass --allow-unsigned" not in r.stderr  # it was passed: the warning says only what is wrong
+    # an image the engine does not have is its own exit code, the same from verify and deploy
+    r = veo(cpu_image.engine, "verify", f"{REPO}:no-such-tag", "--key", pub)
+    assert r.returncode == 49 and "is not in the engine" in r.stderr, r.stderr
 
 
 @pytest.mark.slow

@@ -90,7 +90,8 @@ def verify_command(
 
     Exit codes: 0 intact; 30 an artifact differs from the manifest (the line names the file and both
     hashes); 31 the manifest does not follow its schema; 7 not a build directory or an artifact is missing;
-    43 an image's files or signature do not match; 41 no Docker engine for an image.
+    43 an image's files or signature do not match; 49 no such image in the engine; 41 no Docker engine
+    for an image.
     """
     report = verify_target(
         target,

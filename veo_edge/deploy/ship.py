@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from veo_edge.errors import DeployError, UsageError
+from veo_edge.errors import DeployError, ImageNotFoundError, UsageError
 
 CONTROL_DIR = "/run/secrets/veo-edge"
 CONTROL_FILE = "control-token"
@@ -61,7 +61,7 @@ def verify_for_deploy(
 
     holder = local if image_id(local, image) is not None else target
     if image_id(holder, image) is None:
-        raise DeployError(
+        raise ImageNotFoundError(
             f"image {image!r} is on neither the local engine nor the target; build it first "
             "(veo-edge build --target ...) or check DOCKER_HOST"
         )

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from veo_edge.errors import ImageTrustError
+from veo_edge.errors import ImageNotFoundError, ImageTrustError
 from veo_edge.packaging import attest, localkey
 from veo_edge.packaging import manifest as im
 
@@ -47,7 +47,9 @@ def _reader(client: Any, image: str, path: str = im.IMAGE_ROOT, volume: str | No
     try:
         container = client.containers.create(image, **kw)
     except docker.errors.ImageNotFound as e:
-        raise ImageTrustError(f"image {image} is not in the engine; build or `docker load` it first") from e
+        raise ImageNotFoundError(
+            f"image {image} is not in the engine; build or `docker load` it first"
+        ) from e
     return container
 
 
@@ -98,7 +100,9 @@ def verify_image(
     try:
         img = client.images.get(image)
     except docker.errors.ImageNotFound as e:
-        raise ImageTrustError(f"image {image} is not in the engine; build or `docker load` it first") from e
+        raise ImageNotFoundError(
+            f"image {image} is not in the engine; build or `docker load` it first"
+        ) from e
     source = f"image {image} ({img.id[:19]})"
     warnings: list[str] = []
 
