@@ -206,3 +206,22 @@ def test_save_names_the_image_so_docker_load_restores_its_tag(cpu_image, tmp_pat
         index = json.loads(tar.extractfile("manifest.json").read())
     assert index[0]["RepoTags"] == [TAG]
     assert not list(tmp_path.glob(".img.tar.part-*"))
+
+
+def test_a_base_image_the_engine_lacks_and_cannot_pull_is_named_with_the_way_out(cpu_image) -> None:
+    """The test engine reaches no registry: a context on a base it does not hold fails in `docker build`'s
+    pull, and the error says the base is missing and points to --base-image."""
+    import dataclasses
+
+    from veo_edge.errors import ImageBuildError
+    from veo_edge.packaging.image import build_image
+
+    absent = "veo-test/absent-base:1"
+    ctx = dataclasses.replace(cpu_image.ctx, build_args={**cpu_image.ctx.build_args, "BASE_IMAGE": absent})
+    with pytest.raises(ImageBuildError) as info:
+        build_image(ctx, tag="veo-edge/vit-nano:test-absent-base", client=cpu_image.client)
+    message = str(info.value)
+    assert f"the base image {absent} is not in this engine, which could not pull it" in message, message
+    assert "--base-image" in message
+    # the engine's own words stay in the line
+    assert message.startswith(f"docker build of {ctx.path} failed: ")

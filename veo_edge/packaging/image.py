@@ -22,7 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from veo_edge.errors import EngineUnreachableError, ImageBuildError, ImageTrustError, PackagingError
+from veo_edge.errors import (
+    EngineUnreachableError,
+    ImageBuildError,
+    ImageNotFoundError,
+    ImageTrustError,
+    PackagingError,
+)
 from veo_edge.packaging import attest, signing
 from veo_edge.packaging import manifest as im
 from veo_edge.packaging.context import Context
@@ -139,6 +145,22 @@ def _stream(chunks, say: Progress, what: str) -> str:
     return image_id
 
 
+def _missing_base_hint(client: Any, base: str) -> str:
+    """Why a build failed when its base image is not in the engine (which then had to pull it)."""
+    import docker
+
+    try:
+        client.images.get(base)
+        return ""
+    except docker.errors.ImageNotFound:
+        return (
+            f"; the base image {base} is not in this engine, which could not pull it: `docker pull` or "
+            "`docker load` it there, or pass --base-image with an image the engine has (docs/images.md)"
+        )
+    except docker.errors.APIError:
+        return ""
+
+
 def _read_root(client, image: str) -> tuple[dict[str, im.Entry], dict[str, bytes]]:
     """``/opt/veo-edge`` of ``image``, read through a created (never started) container."""
     import docker
@@ -146,7 +168,9 @@ def _read_root(client, image: str) -> tuple[dict[str, im.Entry], dict[str, bytes
     try:
         container = client.containers.create(image, entrypoint=["/bin/true"], network_disabled=True)
     except docker.errors.ImageNotFound as e:
-        raise ImageTrustError(f"image {image} is not in the engine; build or `docker load` it first") from e
+        raise ImageNotFoundError(
+            f"image {image} is not in the engine; build or `docker load` it first"
+        ) from e
     try:
         bits, _ = container.get_archive(im.IMAGE_ROOT)
         return im.scan_tar(bits, Path(im.IMAGE_ROOT).name)
@@ -186,21 +210,24 @@ def build_image(
     tag = tag or default_tag(ctx)
     say(f"image: building {tag} (stage {ctx.stage}) with the engine at {client.api.base_url}")
     try:
-        first = _stream(
-            client.api.build(
-                path=str(ctx.path),
-                dockerfile="Dockerfile",
-                target=ctx.stage,
-                buildargs=ctx.build_args,
-                rm=True,
-                forcerm=True,
-                pull=False,
-                decode=True,
-                platform=ctx.target.platform,  # a foreign one runs the RUN steps under QEMU
-            ),
-            say,
-            f"docker build of {ctx.path}",
-        )
+        try:
+            first = _stream(
+                client.api.build(
+                    path=str(ctx.path),
+                    dockerfile="Dockerfile",
+                    target=ctx.stage,
+                    buildargs=ctx.build_args,
+                    rm=True,
+                    forcerm=True,
+                    pull=False,
+                    decode=True,
+                    platform=ctx.target.platform,  # a foreign one runs the RUN steps under QEMU
+                ),
+                say,
+                f"docker build of {ctx.path}",
+            )
+        except ImageBuildError as e:
+            raise ImageBuildError(f"{e}{_missing_base_hint(client, ctx.build_args['BASE_IMAGE'])}") from e
         say("image: manifest of every file baked under /opt/veo-edge")
         entries, _ = _read_root(client, first)
         info = {
