@@ -62,7 +62,8 @@ def test_python_and_glibc_are_read_from_the_probe_output() -> None:
     said: list[str] = []
     facts = platforms.base_facts(get_target("orin"), "any", "linux/arm64", None, said.append)
     assert facts.python == "3.10" and said == [
-        "base: Python 3.10, glibc 2.35, declared for target orin (no Docker engine to read the base image from)"
+        "base: Python 3.10, glibc 2.35, declared for target orin (--context-only asks no Docker engine to read "
+        "the base image)"
     ]
 
 

@@ -84,9 +84,10 @@ def _engine_arch(client: Any) -> str:
 def base_facts(
     target: Target, image: str, platform: str, client: Any | None, say: Callable[[str], None]
 ) -> BaseFacts:
-    """The base image's facts when ``client`` can read them, else the target's declared values."""
+    """The base image's facts when ``client`` can read them, else the target's declared values
+    (``client`` None: ``--context-only``, which asks no engine)."""
     if client is None:
-        facts = declared(target, "no Docker engine to read the base image from")
+        facts = declared(target, "--context-only asks no Docker engine to read the base image")
     else:
         try:
             facts = probe_base(client, image, platform)
