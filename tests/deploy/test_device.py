@@ -114,6 +114,10 @@ def test_deploy_transfers_runs_healthy_then_rolls_back_a_bad_release(
     st = json.loads(r.stdout)
     assert st["current"]["image"] == test_images["v2"] and st["current"]["health"] == "healthy"
     assert st["previous"]["image"] == test_images["v1"] and st["previous"]["state"] == "exited"
+    assert st["previous"]["health"] is None  # stopped on purpose: no health verdict, not "unhealthy"
+    r = veo("deploy", "status", name, "--to", device_engine.host)
+    assert r.returncode == 0, r.stderr
+    assert f"previous: {name}-previous {test_images['v1']} exited (stopped, kept for" in r.stdout, r.stdout
     r = veo("deploy", "rollback", name, "--to", device_engine.host, "--json")
     assert r.returncode == 0, r.stderr
     assert state(device_engine, name)["image"] == test_images["v1"]

@@ -261,9 +261,11 @@ def _action(action, name, address, swarm, timeout, json_out) -> None:
         for key in ("current", "previous"):
             c = report[key]
             if c:
+                kept = key == "previous" and c["state"] == "exited" and not c["error"]
                 typer.echo(
                     f"{key}: {c['container']} {c['image']} {c['state']}{'/' + c['health'] if c['health'] else ''}"
                     f"{' (' + c['error'] + ')' if c['error'] else ''}"
+                    f"{f' (stopped, kept for `veo-edge deploy rollback {name}`)' if kept else ''}"
                 )
             else:
                 typer.echo(f"{key}: none")

@@ -350,7 +350,9 @@ def status(client: Any, name: str, timeout: float = 300.0, progress=None) -> dic
             "image": _image_of(c),
             "image_id": c.image.id if c.image else None,
             "state": st,
-            "health": hstatus or None,
+            # a stopped container keeps the health it had when it stopped ("unhealthy" once its checks
+            # failed against a stopping server): only a running one's is a verdict
+            "health": (hstatus or None) if st == "running" else None,
             "last_healthcheck": last or None,
             "restarts": restarts,
             "exit_code": code if st != "running" else None,
