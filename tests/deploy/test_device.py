@@ -205,6 +205,22 @@ def test_the_control_token_comes_from_its_own_volume_never_the_image(
         assert read.stdout.splitlines() == ["10001 400", "s3cret-token-0123456789"]
         mount = json.loads(device_engine.docker("inspect", release_name).stdout)[0]["Mounts"]
         assert any(m["Name"] == f"veo-edge-control-{release_name}" and not m["RW"] for m in mount)
+
+        # deploy remove: the release and its token's volume go, the engine-cache volume stays until asked
+        control, cache = f"veo-edge-control-{release_name}", f"veo-edge-cache-{release_name}"
+        r = veo("deploy", "remove", release_name, "--to", device_engine.host)
+        assert r.returncode == 0, r.stderr
+        assert f"removed from {device_engine.host}: {release_name}, {control}" in r.stdout, r.stdout
+        assert f"kept the engine-cache volume {cache}" in r.stdout
+        assert state(device_engine, release_name) is None
+        names = device_engine.docker("volume", "ls", "-q").stdout.split()
+        assert control not in names and cache in names
+        r = veo("deploy", "remove", release_name, "--to", device_engine.host, "--volumes", "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["removed_volumes"] == [cache]
+        assert cache not in device_engine.docker("volume", "ls", "-q").stdout.split()
+        r = veo("deploy", "remove", release_name, "--to", device_engine.host)
+        assert r.returncode == 44 and f"no release named {release_name}" in r.stderr, r.stderr
     finally:
         device_engine.docker("rm", "-f", release_name, check=False)
         device_engine.docker("volume", "rm", "-f", f"veo-edge-control-{release_name}", check=False)

@@ -74,6 +74,20 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     r = veo("deploy", "status", "fleet", "--swarm", "--to", swarm_engine.host, "--json")
     assert r.returncode == 0, r.stderr
 
+    # deploy remove --swarm: the service and its tasks' containers go, the cache volume stays until asked
+    r = veo("deploy", "remove", "fleet", "--swarm", "--to", swarm_engine.host, "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["removed"] == ["service fleet"] and report["kept_volumes"] == ["veo-edge-cache-fleet"]
+    assert swarm_engine.docker("service", "inspect", "fleet", check=False).returncode != 0
+    left = swarm_engine.docker("ps", "-aq", "--filter", "label=com.docker.swarm.service.name=fleet")
+    assert left.stdout.strip() == ""
+    r = veo("deploy", "remove", "fleet", "--swarm", "--to", swarm_engine.host, "--volumes", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["removed_volumes"] == ["veo-edge-cache-fleet"]
+    r = veo("deploy", "remove", "fleet", "--swarm", "--to", swarm_engine.host)
+    assert r.returncode == 44 and "no service named fleet" in r.stderr, r.stderr
+
 
 def test_a_constraint_no_node_satisfies_is_pending_not_success(
     docker_engine, swarm_engine, test_images

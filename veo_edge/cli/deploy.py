@@ -5,6 +5,7 @@ veo-edge deploy IMAGE --swarm --to ... [--replicas N | --global]
 veo-edge deploy IMAGE [IMAGE ...] --k8s OUT_DIR
 veo-edge deploy status NAME --to ... [--swarm]
 veo-edge deploy rollback NAME --to ... [--swarm]
+veo-edge deploy remove NAME --to ... [--swarm] [--volumes]
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import typer
 
 from veo_edge.cli._common import console, print_json
 
-ACTIONS = ("status", "rollback")
+ACTIONS = ("status", "rollback", "remove")
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def _env(pairs: list[str] | None) -> dict[str, str]:
 
 def deploy(
     args: list[str] = typer.Argument(
-        ..., help="IMAGE [IMAGE ...] (several only with --k8s), or status|rollback NAME."
+        ..., help="IMAGE [IMAGE ...] (several only with --k8s), or status|rollback|remove NAME."
     ),
     to: str = typer.Option(
         None, "--to", help="The target's Docker engine: unix://, ssh://user@host, tcp://host:2376."
@@ -122,9 +123,16 @@ def deploy(
     control_token_secret: str = typer.Option(
         None, "--control-token-secret", help="Kubernetes: the Secret whose key control-token holds it."
     ),
+    volumes: bool = typer.Option(
+        False, "--volumes", help="remove: also remove the release's engine-cache volume (kept by default)."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Verify an image by its ID, ship exactly that ID, prove it healthy, and roll back when it is not."""
+    """Verify an image by its ID, ship exactly that ID, prove it healthy, and roll back when it is not.
+
+    `deploy status NAME` shows the release and the kept previous one, `deploy rollback NAME` swaps
+    them, `deploy remove NAME` stops and removes both (and the control-token volume or secrets; the
+    engine-cache volume with --volumes)."""
     from veo_edge.cli._common import interrupt_on_signals
     from veo_edge.errors import UsageError
 
@@ -133,7 +141,11 @@ def deploy(
         if len(args) != 2:
             raise UsageError(f"usage: veo-edge deploy {args[0]} NAME --to ENGINE")
         with interrupt_on_signals():
-            _action(args[0], args[1], _address(to, tls_ca, tls_cert, tls_key), swarm, timeout, json_out)
+            address = _address(to, tls_ca, tls_cert, tls_key)
+            if args[0] == "remove":
+                _remove(args[1], address, swarm, volumes, timeout, json_out)
+            else:
+                _action(args[0], args[1], address, swarm, timeout, json_out)
         return
     from veo_edge.packaging.image import check_reference
 
@@ -282,6 +294,29 @@ def _action(action, name, address, swarm, timeout, json_out) -> None:
         if report.get("recovered"):
             typer.echo(report["recovered"])
         typer.echo(f"rolled back: {name} on {address.url}")
+
+
+def _remove(name, address, swarm, volumes, timeout, json_out) -> None:
+    from veo_edge.cli._deploy_ui import Status
+    from veo_edge.deploy.remove import remove_release, remove_service
+
+    client = address.connect()
+    what = f"service {name}" if swarm else name
+    with Status(console(stderr=True), f"removing {what}", json_out):
+        if swarm:
+            report = remove_service(client, name, volumes, timeout)
+        else:
+            report = remove_release(client, name, volumes)
+    if json_out:
+        print_json(report)
+        return
+    gone = report["removed"] + report.get("removed_secrets", []) + report["removed_volumes"]
+    typer.echo(f"removed from {address.url}: {', '.join(gone)}")
+    if report["kept_volumes"]:
+        typer.echo(
+            f"kept the engine-cache volume {', '.join(report['kept_volumes'])} (a later deploy of {name} "
+            "reuses it; --volumes removes it)"
+        )
 
 
 def register(app: typer.Typer) -> None:
