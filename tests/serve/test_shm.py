@@ -143,6 +143,38 @@ def test_bad_regions_are_400_and_break_nothing(edge_server, regions, protocol) -
     assert c.is_server_ready()
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_segment_shrunk_or_replaced_after_register_is_400_not_a_crash(
+    edge_server, regions, protocol
+) -> None:
+    """Touching a mapping past its segment's end is SIGBUS: a client that truncates its segment after
+    registering it would kill the server. The request gets a 400 and the server serves on."""
+    c, mod = _client(edge_server, protocol), _mod(protocol)
+    x = seeded_inputs((3, 32, 32), 1, seed=5)
+    _, key = regions("shrunk", x.nbytes)
+    c.register_system_shared_memory(f"shrunk-{protocol}", key, x.nbytes)
+    try:
+        fd = os.open(f"/dev/shm/{key.lstrip('/')}", os.O_RDWR)
+        os.ftruncate(fd, 0)
+        os.close(fd)
+        inp = mod.InferInput("input", list(x.shape), "FP32")
+        inp.set_shared_memory(f"shrunk-{protocol}", x.nbytes)
+        e = _error(c.infer, "vit-nano", [inp])
+        assert _bad(e) and f"has shrunk to 0 bytes since region 'shrunk-{protocol}'" in e.message(), (
+            e.message()
+        )
+        # the same key made again: the mapping is the old segment's, which the client no longer sees
+        os.unlink(f"/dev/shm/{key.lstrip('/')}")
+        fd = os.open(f"/dev/shm/{key.lstrip('/')}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.ftruncate(fd, x.nbytes)
+        os.close(fd)
+        e = _error(c.infer, "vit-nano", [inp])
+        assert _bad(e) and "was re-created after region" in e.message(), e.message()
+    finally:
+        c.unregister_system_shared_memory(f"shrunk-{protocol}")
+    assert edge_server.proc.poll() is None and c.is_server_ready()
+
+
 def test_unregistered_while_in_use(regions) -> None:
     """A request holding a region keeps its mapping; once unregistered, its output is a 400, not a write
     into memory its client gave up; the mapping goes with the last request."""

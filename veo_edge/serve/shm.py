@@ -72,9 +72,11 @@ class SystemRegion(Region):
                 f"cannot open shared-memory key {key!r} for region {name!r}: {e.strerror}; create the segment "
                 "on this host first (the server and the client must share /dev/shm)"
             ) from e
+        self._path = path
         try:
-            size = os.fstat(fd).st_size
-            if not stat.S_ISREG(os.fstat(fd).st_mode) or offset + byte_size > size:
+            st = os.fstat(fd)
+            size, self._inode = st.st_size, (st.st_dev, st.st_ino)
+            if not stat.S_ISREG(st.st_mode) or offset + byte_size > size:
                 raise ProtocolError(
                     f"region {name!r} needs bytes {offset}..{offset + byte_size} of shared-memory key {key!r}, "
                     f"which has {size}"
@@ -86,7 +88,32 @@ class SystemRegion(Region):
     def _span(self, ref: ShmRef) -> int:
         if self._mm is None:
             raise ProtocolError(f"shared-memory region {self.name!r} was unregistered")
+        self._check_segment()
         return self.offset + ref.offset
+
+    def _check_segment(self) -> None:
+        """Refuse a segment its client shrank (touching the mapping past its end is SIGBUS: the whole
+        server would die) or replaced under the same key since the register (the mapping is the old,
+        unlinked one). A segment unlinked but still mapped is fine: the mapping keeps its memory.
+        A stat of the key, about 2 us; a client that shrinks it while the batch reads it is not caught."""
+        try:
+            st = os.stat(self._path)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise ProtocolError(
+                f"shared-memory key {self.key!r} of region {self.name!r}: {e.strerror}"
+            ) from e
+        if (st.st_dev, st.st_ino) != self._inode:
+            raise ProtocolError(
+                f"shared-memory key {self.key!r} was re-created after region {self.name!r} was registered; "
+                "unregister and register the region again"
+            )
+        if st.st_size < self.offset + self.byte_size:
+            raise ProtocolError(
+                f"shared-memory key {self.key!r} has shrunk to {st.st_size} bytes since region {self.name!r} "
+                f"was registered (it needs {self.offset + self.byte_size}); register it again"
+            )
 
     def read(self, ref: ShmRef, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         start = self._span(ref)
