@@ -141,3 +141,41 @@ def test_a_policy_that_cannot_hold_is_refused_at_start(nano_build, args, env, me
     )
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_healthcheck_and_the_image_probe_send_the_token_a_restricted_health_api_asks_for(
+    nano_build, serve, tmp_path
+) -> None:
+    """``--restrict-api health,metadata,inference`` (as an image's VEO_EDGE_RESTRICT_API may set): the
+    image's probe reads the server's own token from its environment, ``veo-edge healthcheck`` from
+    --token-file; without one the check says what to give, exit 24, not 'down'."""
+    import os
+    import time
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    server = serve(nano_build, "--restrict-api", "health,metadata,inference",
+                   env={"VEO_EDGE_CONTROL_TOKEN_FILE": str(token_file)}, wait_ready=False)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while server.request("GET", "/v2/health/ready", None, {"Authorization": f"Bearer {TOKEN}"})[0] != 200:
+        assert time.monotonic() < deadline, server.log.read_text()
+        time.sleep(0.1)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("VEO_EDGE_CONTROL")}
+
+    def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *args, "--url", f"http://{server.url}"], capture_output=True,
+                              text=True, timeout=120, env={**clean, **(env or {})})  # fmt: skip
+
+    r = run("-m", "veo_edge.cli.main", "healthcheck")
+    assert r.returncode == 24, r.stderr
+    assert "answered 401" in r.stderr and "--token-file PATH" in r.stderr, r.stderr
+    r = run("-m", "veo_edge.cli.main", "healthcheck", "--token-file", str(token_file))
+    assert r.returncode == 0 and r.stdout.startswith("healthy:"), r.stderr
+    wrong = tmp_path / "wrong"
+    wrong.write_text(TOKEN[::-1])
+    r = run("-m", "veo_edge.cli.main", "healthcheck", "--token-file", str(wrong))
+    assert r.returncode == 24 and "the token given is not this server's" in r.stderr, r.stderr
+    r = run("-m", "veo_edge.serve.probe", env={"VEO_EDGE_CONTROL_TOKEN_FILE": str(token_file)})
+    assert r.returncode == 0 and r.stdout.startswith("healthy:"), r.stderr
+    r = run("-m", "veo_edge.serve.probe")
+    assert r.returncode == 24, r.stderr

@@ -20,16 +20,25 @@ def healthcheck(
     ),
     timeout: float = typer.Option(10.0, "--timeout", help="Seconds for the whole check; it never hangs."),
     model_name: str = typer.Option(None, "--model-name", help="Model to check (default: the served one)."),
+    token_file: Path = typer.Option(
+        None,
+        "--token-file",
+        envvar="VEO_EDGE_CONTROL_TOKEN_FILE",
+        help="The server's bearer token, for a server run with --restrict-api health, metadata or "
+        "inference (or $VEO_EDGE_CONTROL_TOKEN).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON when healthy."),
 ) -> None:
     """Check a server (or, with only --build-dir, a build) and exit 0 when healthy.
 
     Exit codes: 0 healthy; 20 server down (nothing answers, not live); 21 not ready (no backend,
     failed start canary, unknown model); 22 canary mismatch (inference failed, output off the golden
-    one, golden file unreadable); 23 timeout; 30 the build (--build-dir) was modified after it was
-    built (an artifact's sha256 differs from its manifest); 2 usage. The reason is printed on one line.
+    one, golden file unreadable); 23 timeout; 24 unauthorized (the server wants its token: --token-file);
+    30 the build (--build-dir) was modified after it was built (an artifact's sha256 differs from its
+    manifest); 2 usage. The reason is printed on one line.
     """
     from veo_edge.errors import UsageError
+    from veo_edge.serve.control import load_token
     from veo_edge.serve.health import check_local, check_server
 
     if timeout <= 0:
@@ -38,7 +47,8 @@ def healthcheck(
         report = check_local(str(build_dir), timeout=timeout)
     else:
         golden = str(build_dir) if build_dir else os.environ.get("VEO_EDGE_BUILD_DIR") or None
-        report = check_server(url or DEFAULT_URL, golden, model_name, timeout=timeout)
+        token = load_token(token_file)
+        report = check_server(url or DEFAULT_URL, golden, model_name, timeout=timeout, token=token)
     if json_out:
         print_json(report)
     else:

@@ -64,12 +64,20 @@ class HealthTimeoutError(HealthError):
     exit_code = 23
 
 
+class UnauthorizedError(HealthError):
+    """The server's health, metadata or inference API needs a bearer token (``--restrict-api``) that the
+    check did not send, or not the right one."""
+
+    exit_code = 24
+
+
 EXIT_CODES = {
     "healthy": 0,
     "down": ServerDownError.exit_code,
     "not ready": NotReadyError.exit_code,
     "canary mismatch": CanaryMismatchError.exit_code,
     "timeout": HealthTimeoutError.exit_code,
+    "unauthorized": UnauthorizedError.exit_code,
     "build modified": ArtifactMismatchError.exit_code,
 }
 
@@ -110,7 +118,7 @@ def _with_deadline(fn: Any, timeout: float, what: str) -> Any:
 
 
 class _Client:
-    def __init__(self, url: str, deadline: float) -> None:
+    def __init__(self, url: str, deadline: float, token: str | None = None) -> None:
         parts = urlsplit(url if "://" in url else f"http://{url}")
         if parts.scheme != "http" or not parts.hostname:
             hint = {
@@ -125,6 +133,7 @@ class _Client:
         # a path before the API (a proxy's); the API's own /v2, given by habit, is not part of it
         self.prefix = parts.path.rstrip("/").removesuffix("/v2")
         self.deadline = deadline
+        self.token = token  # sent as the bearer token a --restrict-api server asks for
 
     def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
         """(status, headers with lower-case names, body)."""
@@ -132,10 +141,11 @@ class _Client:
         if remaining <= 0:
             raise HealthTimeoutError(f"no time left for {method} {path} (--timeout)")
         conn = http.client.HTTPConnection(self.host, self.port, timeout=remaining)
+        headers = {**(headers or {}), **({"Authorization": f"Bearer {self.token}"} if self.token else {})}
         try:
-            conn.request(method, self.prefix + path, body=body, headers=headers or {})
+            conn.request(method, self.prefix + path, body=body, headers=headers)
             resp = conn.getresponse()
-            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+            status, got, data = resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
         except TimeoutError as e:
             raise HealthTimeoutError(f"{method} {self.url}{path} timed out (--timeout)") from e
         except (http.client.BadStatusLine, http.client.LineTooLong) as e:  # its raw bytes say nothing
@@ -147,6 +157,18 @@ class _Client:
             raise ServerDownError(f"no server answers at {self.url}: {e}") from e
         finally:
             conn.close()
+        if status == 401:
+            from veo_edge.serve.control import TOKEN_ENV, TOKEN_FILE_ENV
+
+            raise UnauthorizedError(
+                f"{method} {self.url}{path} answered 401: {_error_of(data)}; "
+                + (
+                    "the token given is not this server's"
+                    if self.token
+                    else f"give the server's token with --token-file PATH, {TOKEN_FILE_ENV} or {TOKEN_ENV}"
+                )
+            )
+        return status, got, data
 
 
 def _kserve_json(url: str, path: str, body: bytes) -> Any:
@@ -168,15 +190,20 @@ def _error_of(body: bytes) -> str:
 
 
 def check_server(
-    url: str, build_dir: str | None = None, model_name: str | None = None, timeout: float = 10.0
+    url: str,
+    build_dir: str | None = None,
+    model_name: str | None = None,
+    timeout: float = 10.0,
+    token: str | None = None,
 ) -> dict[str, Any]:
     """Live, ready, then a canary inference through the server; the report dict, or a HealthError.
 
     The golden canary comes from ``build_dir`` when given, else from the server's
-    ``/v2/models/{name}/canary`` (the one it read from its own build directory)."""
+    ``/v2/models/{name}/canary`` (the one it read from its own build directory). ``token``: the bearer
+    token of a server whose health, metadata or inference API is restricted (``--restrict-api``)."""
 
     def run() -> dict[str, Any]:
-        client = _Client(url, time.monotonic() + timeout)
+        client = _Client(url, time.monotonic() + timeout, token)
         status, _, body = client.request("GET", "/v2/health/live")
         if status != 200:
             raise ServerDownError(f"{url} is not live (HTTP {status}): {_error_of(body)}")

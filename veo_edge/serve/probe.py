@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m veo_edge.serve.probe",
         description="Check a veo-edge server (live, ready, a golden canary inference); exit 0 when healthy. "
         "Exit codes as `veo-edge healthcheck`: 20 down, 21 not ready, 22 canary mismatch, 23 timeout, "
-        "30 build modified, 2 usage.",
+        "24 unauthorized, 30 build modified, 2 usage. A server token (VEO_EDGE_CONTROL_TOKEN_FILE or "
+        "VEO_EDGE_CONTROL_TOKEN, the server's own environment in its container) is sent as the bearer "
+        "token a --restrict-api server asks for.",
     )
     parser.add_argument("--url", default=DEFAULT_URL, help=f"server to check (default {DEFAULT_URL})")
     parser.add_argument(
@@ -46,12 +48,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --timeout {args.timeout} must be positive", file=sys.stderr)
         return 2
 
+    from pathlib import Path
+
     from veo_edge.errors import INTERNAL_ERROR, VeoEdgeError, one_line
+    from veo_edge.serve.control import TOKEN_FILE_ENV, load_token
     from veo_edge.serve.health import check_server
 
     golden = os.environ.get("VEO_EDGE_BUILD_DIR") or None
     try:
-        report = check_server(args.url, golden, args.model_name, timeout=args.timeout)
+        token_file = os.environ.get(TOKEN_FILE_ENV)
+        token = load_token(Path(token_file) if token_file else None)
+        report = check_server(args.url, golden, args.model_name, timeout=args.timeout, token=token)
     except VeoEdgeError as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return e.exit_code
