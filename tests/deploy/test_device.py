@@ -89,6 +89,11 @@ def test_deploy_transfers_runs_healthy_then_rolls_back_a_bad_release(
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["previous_image"] == test_images["v1"]
     assert state(device_engine, f"{name}-previous")["status"] == "exited"  # kept, stopped
+    # the same image again (a retried job): the kept previous release stays the way back to v1
+    r = deploy(docker_engine, device_engine, test_images["v2"], "--name", name, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["previous_image"] == test_images["v1"]
+    assert state(device_engine, f"{name}-previous")["image"] == test_images["v1"]
 
     # a release that never becomes healthy: removed, v2 restarted and proven healthy, exit 33 with why
     r = deploy(docker_engine, device_engine, test_images["unhealthy"], "--name", name, "--timeout", "30")

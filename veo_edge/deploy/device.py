@@ -149,14 +149,14 @@ def deploy_container(
             ) from e
         raise
     if outcome.healthy:
-        _finish(client, name, current)
+        _finish(client, name, current, facts.image_id)
         _step(on_step, "finished")
         return DeployResult(
             name,
             facts.ref,
             facts.image_id,
             new.id,
-            _image_of(current) if current is not None else _kept_image(client, name),
+            _kept_image(client, name),
             outcome.waited_s,
             recovered=recovered,
         )
@@ -173,9 +173,14 @@ def _kept_image(client: Any, name: str) -> str | None:
     return _image_of(kept) if kept is not None else None
 
 
-def _finish(client: Any, name: str, outgoing: Any | None) -> None:
-    """The new release is healthy: the outgoing one becomes the kept previous release."""
+def _finish(client: Any, name: str, outgoing: Any | None, new_image_id: str | None = None) -> None:
+    """The new release is healthy: the outgoing one becomes the kept previous release, unless it ran the
+    same image (a deploy run again, e.g. a retried CI job, or new options): then it goes and the kept
+    previous release stays, the only way back to a different image."""
     if outgoing is None:
+        return
+    if new_image_id is not None and outgoing.image is not None and outgoing.image.id == new_image_id:
+        outgoing.remove(force=True, v=True)
         return
     stale = _get(client, name + PREVIOUS_SUFFIX)
     if stale is not None and stale.id != outgoing.id:
