@@ -86,13 +86,18 @@ def test_a_repository_folder_serves_each_build_under_its_folder_name(
     cats = server.get_json("/v2/models/cats/stats")[1]["model_stats"][0]
     dogs = server.get_json("/v2/models/dogs/stats")[1]["model_stats"][0]
     assert (cats["inference_count"], dogs["inference_count"]) == (6, 0)
+    # Triton counts requests in inference_stats, samples in inference_count: three requests of two
+    assert (
+        cats["inference_stats"]["success"]["count"] == cats["inference_stats"]["compute_infer"]["count"] == 3
+    )
     # the healthcheck of one model of a repository: its golden canary from the server, in the binary form
     assert check_server(f"http://{server.url}", model_name="dogs", timeout=30)["model"] == "dogs"
     status, body = server.get_json("/v2/models/vit-nano")
     assert status == 404 and body["error"] == "unknown model 'vit-nano'; this server serves: cats, dogs"
     status, _, metrics = server.request("GET", "/metrics")
     text = metrics.decode()
-    assert 'nv_inference_count{model="cats",version="1"}' in text
+    assert 'nv_inference_count{model="cats",version="1"} 6.0' in text
+    assert 'nv_inference_request_success{model="cats",version="1"} 3.0' in text
     assert 'nv_inference_count{model="dogs",version="1"}' in text
     assert text.count("# TYPE process_resident_memory_bytes") == 1
     import urllib.request

@@ -391,6 +391,8 @@ class Batcher:
             s.max_wait_us = max(s.max_wait_us, (start - items[0].enqueued_ns) / 1e3)
             s.close_reasons[reason] = s.close_reasons.get(reason, 0) + 1
         for i, it in enumerate(items):
+            # what the sample waited and the batch it ran in took: a server counts its requests by them
+            it.future.timing = (start - it.enqueued_ns, end - start)  # type: ignore[attr-defined]
             if error is None:
                 it.future.set_result(np.array(y[i], copy=True))
             else:

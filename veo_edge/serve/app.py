@@ -263,7 +263,7 @@ class InferenceService:
             self.model_spec(name, version)
         if self.runtime is None:
             return {"model_stats": []}
-        return extensions.statistics(self.model, self.runtime.stats())
+        return extensions.statistics(self.model, self.runtime.stats(), self.counters.times)
 
     # -- model repository -----------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
@@ -359,6 +359,7 @@ class InferenceService:
     async def _infer(
         self, name: str, version: str | None, request: InferRequest, arrival: Any
     ) -> dict[str, np.ndarray]:
+        began = time.perf_counter_ns()
         model = self.model_spec(name, version)
         runtime = self.runtime
         if runtime is None:
@@ -379,26 +380,38 @@ class InferenceService:
             self.counters.infer_rejected["UNAVAILABLE"] += 1
             raise ProtocolError(f"the model cannot take requests now: {e}", 503) from e
         try:
+            results = await self._results(futures)
+        except ProtocolError as e:
+            if e.status != 400:  # failed after its samples were submitted: in the model, or too late
+                self.counters.times.failure += 1
+            raise
+        self.counters.times.answered(
+            time.perf_counter_ns() - began, [f.timing for f in futures if hasattr(f, "timing")]
+        )
+        out = np.stack(results) if len(results) > 1 else results[0][None]
+        self.infer_answered += 1
+        return {model.outputs[0].name: out}
+
+    async def _results(self, futures: list[Any]) -> list[np.ndarray]:
+        """The submitted samples' answers, or the ProtocolError their failure is (as the transports
+        answer it)."""
+        try:
             if len(futures) == 1 and futures[0].done():  # ran here, on the loop
-                results = [futures[0].result()]
-            else:
-                results = await asyncio.wait_for(
-                    asyncio.gather(*(asyncio.wrap_future(f) for f in futures)), self.options.infer_timeout_s
-                )
+                return [futures[0].result()]
+            return await asyncio.wait_for(
+                asyncio.gather(*(asyncio.wrap_future(f) for f in futures)), self.options.infer_timeout_s
+            )
         except asyncio.TimeoutError as e:
             raise ProtocolError(
                 f"inference did not finish within {self.options.infer_timeout_s} s", 504
             ) from e
         except OverloadedError as e:
             raise ProtocolError(f"overloaded: {e}", 503) from e
-        except InputError as e:
-            raise ProtocolError(str(e), 400) from e
         except (ClosedError, NoBackendError) as e:
             self.check.backend_failed(str(e))
             raise ProtocolError(f"the model cannot take requests now: {e}", 503) from e
+        except InputError as e:
+            raise ProtocolError(str(e), 400) from e
         except VeoEdgeError as e:
             self.check.backend_failed(f"{type(e).__name__}: {e}")
             raise ProtocolError(f"inference failed: {e}", 500) from e
-        out = np.stack(results) if len(results) > 1 else results[0][None]
-        self.infer_answered += 1
-        return {model.outputs[0].name: out}

@@ -65,11 +65,13 @@ def model_config(
     }
 
 
-def statistics(m: ModelSpec, s: dict[str, Any]) -> dict[str, Any]:
-    """Triton's statistics extension (durations in ns) for model ``m`` from ``Runtime.stats()`` ``s``.
+def statistics(m: ModelSpec, s: dict[str, Any], r: Any) -> dict[str, Any]:
+    """Triton's statistics extension (durations in ns) for model ``m`` from ``Runtime.stats()`` ``s`` and
+    the server's request counts ``r`` (:class:`veo_edge.serve.metrics.RequestTimes`).
 
-    Triton's convention: every request carries the whole time of the batch it ran in, so
-    ``compute_infer.ns / compute_infer.count`` is the mean batch time a request saw, and
+    Triton's convention: ``inference_stats`` counts requests (a request of 4 samples is one), each
+    carrying the whole time of the batch it ran in, so ``compute_infer.ns / compute_infer.count`` is the
+    mean batch time a request saw; ``inference_count`` counts samples, ``execution_count`` batches, and
     ``batch_stats`` has, per executed batch size, the batches' count and total compute time."""
     sizes = {int(k): int(v) for k, v in (s.get("batch_size_counts") or {}).items()}
     compute = {int(k): float(v) for k, v in (s.get("batch_compute_us") or {}).items()}
@@ -77,8 +79,7 @@ def statistics(m: ModelSpec, s: dict[str, Any]) -> dict[str, Any]:
     def cn(count: int, us: float) -> dict[str, int]:
         return {"count": int(count), "ns": int(us * 1000)}
 
-    ok, fail = s["requests_success"], s["requests_failure"]
-    per_request_compute = sum(size * us for size, us in compute.items())
+    ok, fail = r.success, r.failure
     return {
         "model_stats": [
             {
@@ -88,11 +89,11 @@ def statistics(m: ModelSpec, s: dict[str, Any]) -> dict[str, Any]:
                 "inference_count": sum(k * v for k, v in sizes.items()),
                 "execution_count": s["batches"],
                 "inference_stats": {
-                    "success": cn(ok, s["request_us_total"]),
+                    "success": cn(ok, r.request_ns / 1e3),
                     "fail": cn(fail, 0),
-                    "queue": cn(ok, s["queue_us_total"]),
+                    "queue": cn(ok, r.queue_ns / 1e3),
                     "compute_input": cn(ok, 0),
-                    "compute_infer": cn(ok, per_request_compute),
+                    "compute_infer": cn(ok, r.compute_ns / 1e3),
                     "compute_output": cn(ok, 0),
                     "cache_hit": cn(0, 0),
                     "cache_miss": cn(0, 0),

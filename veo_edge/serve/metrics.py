@@ -36,14 +36,34 @@ _IDLE_STATS: dict[str, Any] = {
 }
 
 
+class RequestTimes:
+    """Inference requests as Triton counts them, one per request whatever its batch size: those answered
+    with their cumulative duration in the server, the time their samples waited in the queue and the
+    compute time of the batches they ran in (a request's slowest sample each), and those that failed
+    once their samples were submitted (the backend, or the inference timeout)."""
+
+    def __init__(self) -> None:
+        self.success = self.failure = 0
+        self.request_ns = self.queue_ns = self.compute_ns = 0
+
+    def answered(self, request_ns: int, timings: list[tuple[int, int]]) -> None:
+        self.success += 1
+        self.request_ns += request_ns
+        if timings:
+            self.queue_ns += max(q for q, _ in timings)
+            self.compute_ns += max(c for _, c in timings)
+
+
 class HttpCounters:
     """What the transports saw: HTTP responses by route name (never the raw path) and status, rejections
-    by reason, and inference requests by protocol (http, grpc) and outcome (the HTTP status)."""
+    by reason, and inference requests by protocol (http, grpc) and outcome (the HTTP status), and their
+    times (:class:`RequestTimes`)."""
 
     def __init__(self) -> None:
         self.responses: Counter[tuple[str, int]] = Counter()
         self.infer_rejected: Counter[str] = Counter()  # reason -> count: INVALID, REJECTED (overload), ...
         self.infer_requests: Counter[tuple[str, int]] = Counter()  # (protocol, status) -> requests
+        self.times = RequestTimes()
 
 
 class _Nvml:
@@ -103,14 +123,17 @@ class ServeCollector:
             m.add_sample(name, {"model": mv[0], "version": mv[1], **(labels or {})}, value)
             return m
 
+        times = self.http.times
         yield untyped(
-            "nv_inference_request_success", "Successful inference requests (samples)", s["requests_success"]
+            "nv_inference_request_success",
+            "Successful inference requests (one per request, whatever its batch size)",
+            times.success,
         )
         fail = Metric("nv_inference_request_failure", "Failed inference requests, by reason", "unknown")
         fail.add_sample(
             "nv_inference_request_failure",
             {"model": mv[0], "version": mv[1], "reason": "BACKEND"},
-            s["requests_failure"],
+            times.failure,
         )
         for reason, n in sorted(self.http.infer_rejected.items()):
             fail.add_sample(
@@ -124,18 +147,18 @@ class ServeCollector:
         yield untyped("nv_inference_exec_count", "Model executions (batches)", s["batches"])
         yield untyped(
             "nv_inference_request_duration_us",
-            "Cumulative request duration (queue + compute)",
-            s["request_us_total"],
+            "Cumulative duration of successful requests in the server",
+            times.request_ns / 1e3,
         )
         yield untyped(
             "nv_inference_queue_duration_us",
-            "Cumulative time requests waited in the queue",
-            s["queue_us_total"],
+            "Cumulative time successful requests waited in the queue",
+            times.queue_ns / 1e3,
         )
         yield untyped(
             "nv_inference_compute_infer_duration_us",
-            "Cumulative compute time of batches",
-            s["compute_us_total"],
+            "Cumulative compute time of the batches successful requests ran in",
+            times.compute_ns / 1e3,
         )
         pending = GaugeMetricFamily(
             "nv_inference_pending_request_count", "Requests waiting in the queue", labels=ml
