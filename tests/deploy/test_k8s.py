@@ -118,3 +118,74 @@ def test_the_pod_pins_the_signer_and_reads_the_control_token_from_a_secret() -> 
     mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "control-token")
     assert mount == {"name": "control-token", "mountPath": "/run/secrets/veo-edge", "readOnly": True}
     assert "s3cret" not in json.dumps(docs)  # nothing of the token itself, only the Secret's name
+
+
+NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent.sock"}
+
+
+def _render_cli(tmp_path, target: str, *flags: str):
+    """``deploy --k8s`` through the CLI (no engine: --target and --allow-unsigned), its pod spec, its
+    Service, and its stderr with rich's wrapping undone."""
+    import kubernetes_validate
+
+    out = tmp_path / "k8s"
+    r = veo("deploy", f"reg/vit:{target}", "--k8s", out, "--target", target, "--allow-unsigned", *flags,
+            env=NO_ENGINE)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    docs = {p.name: yaml.safe_load(p.read_text()) for p in out.iterdir() if p.name != "kustomization.yaml"}
+    for doc in docs.values():
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    pod = _workload(docs)["spec"]["template"]["spec"]
+    svc = next(d for d in docs.values() if d["kind"] == "Service")
+    return pod, svc, " ".join(r.stderr.split())
+
+
+def test_user_capabilities_escalation_and_gpus_reach_the_pod(tmp_path) -> None:
+    relax = ["--cap-add", "NET_BIND_SERVICE", "--cap-add", "cap_sys_ptrace", "--allow-privilege-escalation"]
+    pod, _, err = _render_cli(tmp_path, "a100", "--user", "2000:3000", *relax, "--gpus", "2")
+    c = pod["containers"][0]
+    assert pod["securityContext"]["runAsUser"] == c["securityContext"]["runAsUser"] == 2000
+    assert pod["securityContext"]["runAsGroup"] == pod["securityContext"]["fsGroup"] == 3000
+    assert c["securityContext"]["capabilities"] == {
+        "drop": ["ALL"],
+        "add": ["NET_BIND_SERVICE", "SYS_PTRACE"],
+    }
+    assert c["securityContext"]["allowPrivilegeEscalation"] is True
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 2
+    # what leaves the restricted Pod Security Standard is said on stderr; NET_BIND_SERVICE does not
+    assert (
+        "--cap-add SYS_PTRACE: the restricted Pod Security Standard allows adding only NET_BIND_SERVICE"
+        in err
+    )
+    assert (
+        "--allow-privilege-escalation: allowPrivilegeEscalation: true; a namespace enforcing the restricted"
+        in err
+    )
+
+    # Jetson has one integrated GPU: --gpus 2 is said to be ignored, not rendered unschedulable
+    pod, _, err = _render_cli(tmp_path / "orin", "orin", "--gpus", "2", "--cap-add", "NET_BIND_SERVICE")
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert "--gpus 2: target orin gets its one integrated GPU" in err and "Pod Security" not in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--user", "veo:veo"], "--user 'veo:veo': Kubernetes runs a pod as numbers (runAsUser, runAsGroup)"),
+        (["--user", "2000"], "--user 2000: Kubernetes needs the group too"),
+        (["--user", "0:0"], "--user 0:0: UID 0 is root and the pod runs with runAsNonRoot"),
+        (
+            ["--pids-limit", "50"],
+            "--pids-limit 50: a Kubernetes pod spec has no pids limit (it is the kubelet's",
+        ),
+        (["--gpus", "all"], "--gpus all: a Kubernetes pod asks for a number of nvidia.com/gpu"),
+        (["--gpus", "0,2"], "--gpus 0,2: a Kubernetes pod asks for a number of nvidia.com/gpu"),
+    ],
+)
+def test_what_a_pod_spec_cannot_say_is_refused_in_one_line(tmp_path, flags, message) -> None:
+    out = tmp_path / "k8s"
+    r = veo(
+        "deploy", "reg/vit:a100", "--k8s", out, "--target", "a100", "--allow-unsigned", *flags, env=NO_ENGINE
+    )
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()

@@ -31,6 +31,8 @@ def k8s_render(
 ) -> None:
     """Render ``shared`` once per image into ``out_dir``: the image's own name, target, port variable
     and cache directory read from it on the local engine (``shared.name``/``shared.target`` win)."""
+    from rich.markup import escape
+
     from veo_edge.cli._deploy_run import default_name
     from veo_edge.deploy import local_engine, write_manifests
     from veo_edge.deploy import ship as steps
@@ -85,6 +87,10 @@ def k8s_render(
             )
         )
     written = write_manifests(workloads, out_dir)
+    from veo_edge.deploy.k8s_options import notes
+
+    for note in dict.fromkeys(n for w in workloads for n in notes(w)):  # once each, in order
+        out.print(f"[bold yellow]NOTE:[/] {escape(note)}")
     if json_out:
         print_json(
             {"out": str(out_dir), "files": [str(p) for p in written], "images": [w.image for w in workloads]}

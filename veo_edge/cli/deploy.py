@@ -172,6 +172,7 @@ def deploy(
         run_env[GRPC_PORT_ENV] = str(grpc_port)  # what the image's entrypoint serves gRPC on
     if k8s is not None:
         from veo_edge.deploy import Workload
+        from veo_edge.deploy.k8s_options import least_privilege
 
         # what every image's workload shares; name and target "" = each image's own (see k8s_render)
         shared = Workload(
@@ -186,6 +187,7 @@ def deploy(
             cpus=cpus,
             env=run_env,
             control_token_secret=control_token_secret,
+            **least_privilege(user, cap_add or (), allow_privilege_escalation, pids_limit, gpus),
         )
         from veo_edge.cli._deploy_k8s import k8s_render
 

@@ -2,13 +2,14 @@
 ``kubectl apply -k OUT_DIR``.
 
 For each image: a Deployment (``--replicas N``) or a DaemonSet (``--global``: one pod per labelled node)
-selecting nodes by ``veo.target=<target>``; on GPU targets ``runtimeClassName: nvidia`` and one
-``nvidia.com/gpu``; liveness and readiness on the KServe v2 health routes, a startup probe long enough
-for a first TensorRT engine build; an engine-cache volume; the restricted security context (non-root,
-read-only root, no privilege escalation, no capabilities, RuntimeDefault seccomp, SELinux type when
-given). The image is named by digest (``repo@sha256:...``) once verified, and the container's own check
-pins the signing key (``VEO_EDGE_TRUSTED_KEY``); the model-control token comes from a Secret the user
-creates (``--control-token-secret``), never from the image or the manifests. Then a Service, a
+selecting nodes by ``veo.target=<target>``; on GPU targets ``runtimeClassName: nvidia`` and
+``nvidia.com/gpu`` (``--gpus N`` on x86); liveness and readiness on the KServe v2 health routes, a startup probe long enough for a first
+TensorRT engine build; an engine-cache volume; the restricted security context (non-root, read-only
+root, no privilege escalation, no capabilities, RuntimeDefault seccomp, SELinux type when given), each
+part relaxed by the same flags as on one device (:mod:`.k8s_options`). The image is named by digest
+(``repo@sha256:...``) once verified, and the container's own check pins the signing key
+(``VEO_EDGE_TRUSTED_KEY``); the model-control token comes from a Secret the user creates
+(``--control-token-secret``), never from the image or the manifests. Then a Service, a
 PodDisruptionBudget and a kustomization tying them together.
 """
 
@@ -50,6 +51,12 @@ class Workload:
     cache_dir: str = DEFAULT_CACHE_DIR
     cache_host_path: str | None = None
     uid: int = DEFAULT_UID
+    gid: int = DEFAULT_UID
+    #: capabilities given back (every one is dropped first), without the CAP_ prefix
+    cap_add: tuple[str, ...] = ()
+    privilege_escalation: bool = False
+    #: nvidia.com/gpu on x86 GPU targets (Jetson: its one integrated GPU; cpu: none)
+    gpus: int = 1
     selinux_type: str | None = None
     memory: str | None = None
     cpus: float | None = None
@@ -107,7 +114,7 @@ def render(w: Workload) -> dict[str, dict[str, Any]]:
     if w.cpus:
         requests["cpu"] = limits["cpu"] = f"{int(w.cpus * 1000)}m"
     if gpu.k8s_gpu_resource:
-        limits[gpu.k8s_gpu_resource] = 1
+        limits[gpu.k8s_gpu_resource] = w.gpus if gpu.device_requests else 1
     if requests:
         resources["requests"] = requests
     if limits:
@@ -116,16 +123,16 @@ def render(w: Workload) -> dict[str, dict[str, Any]]:
     container_sc: dict[str, Any] = {
         "runAsNonRoot": True,
         "runAsUser": w.uid,
-        "allowPrivilegeEscalation": False,
+        "allowPrivilegeEscalation": w.privilege_escalation,
         "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"]},
+        "capabilities": {"drop": ["ALL"], **({"add": list(w.cap_add)} if w.cap_add else {})},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     pod_sc: dict[str, Any] = {
         "runAsNonRoot": True,
         "runAsUser": w.uid,
-        "runAsGroup": w.uid,
-        "fsGroup": w.uid,
+        "runAsGroup": w.gid,
+        "fsGroup": w.gid,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     if w.selinux_type:
