@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tests.cli.test_cli import veo
-from veo_edge.deploy.k8s import K8S_VERSION, Workload, memory_bytes, render
+from veo_edge.deploy.k8s import DEFAULT_GRPC_PORT, K8S_VERSION, Workload, memory_bytes, render
 
 TARGETS = ["cpu", "orin", "a100"]
 
@@ -180,6 +180,7 @@ def test_user_capabilities_escalation_and_gpus_reach_the_pod(tmp_path) -> None:
         ),
         (["--gpus", "all"], "--gpus all: a Kubernetes pod asks for a number of nvidia.com/gpu"),
         (["--gpus", "0,2"], "--gpus 0,2: a Kubernetes pod asks for a number of nvidia.com/gpu"),
+        (["--port", "8001"], "--port 8001 is the gRPC port too"),
     ],
 )
 def test_what_a_pod_spec_cannot_say_is_refused_in_one_line(tmp_path, flags, message) -> None:
@@ -189,3 +190,22 @@ def test_what_a_pod_spec_cannot_say_is_refused_in_one_line(tmp_path, flags, mess
     )
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not out.exists()
+
+
+def test_grpc_is_a_named_container_and_service_port(tmp_path) -> None:
+    for grpc, expected in ((DEFAULT_GRPC_PORT, 8001), (9001, 9001), (None, None)):
+        docs = render(Workload("vit", "img:1", "cpu", grpc_port=grpc))
+        c, svc = _workload(docs)["spec"]["template"]["spec"]["containers"][0], docs["vit-service.yaml"]
+        env = {e["name"]: e["value"] for e in c["env"]}
+        want = [("http", 8000)] + ([("grpc", expected)] if expected else [])
+        assert [(p["name"], p["containerPort"]) for p in c["ports"]] == want
+        assert [(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [
+            (n, p, n) for n, p in want
+        ]
+        # the server listens where the ports say: the image serves 8001 unless told otherwise
+        assert env.get("VEO_EDGE_GRPC_PORT") == (None if grpc == 8001 else str(expected or -1))
+    pod, svc, _ = _render_cli(tmp_path, "cpu", "--grpc-port", "9001")
+    assert {"name": "grpc", "containerPort": 9001, "protocol": "TCP"} in pod["containers"][0]["ports"]
+    assert {"name": "grpc", "port": 9001, "targetPort": "grpc", "protocol": "TCP"} in svc["spec"]["ports"]
+    pod, svc, _ = _render_cli(tmp_path / "off", "cpu", "-e", "VEO_EDGE_GRPC_PORT=-1")
+    assert [p["name"] for p in svc["spec"]["ports"]] == ["http"]

@@ -3,7 +3,8 @@
 
 For each image: a Deployment (``--replicas N``) or a DaemonSet (``--global``: one pod per labelled node)
 selecting nodes by ``veo.target=<target>``; on GPU targets ``runtimeClassName: nvidia`` and
-``nvidia.com/gpu`` (``--gpus N`` on x86); liveness and readiness on the KServe v2 health routes, a startup probe long enough for a first
+``nvidia.com/gpu`` (``--gpus N`` on x86); the HTTP port and the KServe v2 gRPC port (named ``http`` and
+``grpc``); liveness and readiness on the KServe v2 health routes, a startup probe long enough for a first
 TensorRT engine build; an engine-cache volume; the restricted security context (non-root, read-only
 root, no privilege escalation, no capabilities, RuntimeDefault seccomp, SELinux type when given), each
 part relaxed by the same flags as on one device (:mod:`.k8s_options`). The image is named by digest
@@ -20,7 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from veo_edge.deploy.profiles import DEFAULT_CACHE_DIR, DEFAULT_PORT_ENV, NODE_LABEL, gpu_run, memory_bytes
+from veo_edge.deploy.profiles import (
+    DEFAULT_CACHE_DIR,
+    DEFAULT_PORT_ENV,
+    GRPC_PORT_ENV,
+    NODE_LABEL,
+    gpu_run,
+    memory_bytes,
+)
 from veo_edge.errors import UsageError
 
 #: the Kubernetes version the rendered manifests are validated against (tests/deploy)
@@ -29,6 +37,8 @@ K8S_VERSION = "1.31.0"
 GPU_STARTUP_S = 30 * 60
 CPU_STARTUP_S = 5 * 60
 DEFAULT_UID = 10001
+#: the KServe v2 gRPC port a veo-edge image serves unless VEO_EDGE_GRPC_PORT says otherwise
+DEFAULT_GRPC_PORT = 8001
 TRUSTED_KEY_ENV = "VEO_EDGE_TRUSTED_KEY"
 ALLOW_UNSIGNED_ENV = "VEO_EDGE_ALLOW_UNSIGNED"
 #: the model-control API's token, from a Secret mounted read-only (serve reads the file it names)
@@ -57,6 +67,8 @@ class Workload:
     privilege_escalation: bool = False
     #: nvidia.com/gpu on x86 GPU targets (Jetson: its one integrated GPU; cpu: none)
     gpus: int = 1
+    #: the gRPC port the server listens on (None: off); ``env[VEO_EDGE_GRPC_PORT]`` wins when given
+    grpc_port: int | None = DEFAULT_GRPC_PORT
     selinux_type: str | None = None
     memory: str | None = None
     cpus: float | None = None
@@ -79,6 +91,8 @@ def _k8s_name(name: str) -> str:
 
 def _env(w: Workload) -> dict[str, str]:
     env = {w.port_env: str(w.port)}
+    if w.grpc_port != DEFAULT_GRPC_PORT:
+        env[GRPC_PORT_ENV] = str(-1 if w.grpc_port is None else w.grpc_port)
     if w.trusted_key:
         env[TRUSTED_KEY_ENV] = w.trusted_key
     if w.allow_unsigned:
@@ -87,6 +101,19 @@ def _env(w: Workload) -> dict[str, str]:
         env[CONTROL_MODE_ENV] = "explicit"
         env[CONTROL_TOKEN_ENV] = f"{CONTROL_TOKEN_DIR}/{CONTROL_TOKEN_KEY}"
     return {**env, **dict(sorted(w.env.items()))}
+
+
+def _grpc_port(w: Workload, env: dict[str, str]) -> int | None:
+    """The gRPC port the container's server listens on (what its VEO_EDGE_GRPC_PORT says), or None."""
+    raw = env.get(GRPC_PORT_ENV, str(DEFAULT_GRPC_PORT))
+    if not re.fullmatch(r"-1|\d+", raw.strip()) or not -1 <= int(raw) < 65536 or int(raw) == 0:
+        raise UsageError(f"{GRPC_PORT_ENV}={raw!r} is not a TCP port for a Service (1..65535, or -1: off)")
+    port = int(raw)
+    if port == w.port:
+        raise UsageError(
+            f"--port {w.port} is the gRPC port too; give --grpc-port another port (or -1: no gRPC)"
+        )
+    return None if port < 0 else port
 
 
 def render(w: Workload) -> dict[str, dict[str, Any]]:
@@ -142,12 +169,15 @@ def render(w: Workload) -> dict[str, dict[str, Any]]:
         if w.cache_host_path
         else {"name": "engine-cache", "emptyDir": {"sizeLimit": "2Gi"}}
     )
+    env = _env(w)
+    grpc = _grpc_port(w, env)
+    ports = [("http", w.port)] + ([("grpc", grpc)] if grpc else [])
     container = {
         "name": "server",
         "image": w.image,
         "imagePullPolicy": "IfNotPresent",
-        "ports": [{"name": "http", "containerPort": w.port, "protocol": "TCP"}],
-        "env": [{"name": k, "value": v} for k, v in _env(w).items()],
+        "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports],
+        "env": [{"name": k, "value": v} for k, v in env.items()],
         "startupProbe": probe("/v2/health/live", 10, startup_s // 10),
         "livenessProbe": probe("/v2/health/live", 10, 3),
         "readinessProbe": probe("/v2/health/ready", 5, 2),
@@ -214,7 +244,7 @@ def render(w: Workload) -> dict[str, dict[str, Any]]:
         "metadata": meta,
         "spec": {
             "selector": selector,
-            "ports": [{"name": "http", "port": w.port, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [{"name": n, "port": p, "targetPort": n, "protocol": "TCP"} for n, p in ports],
         },
     }
     pdb = {
