@@ -181,6 +181,7 @@ def test_user_capabilities_escalation_and_gpus_reach_the_pod(tmp_path) -> None:
         (["--gpus", "all"], "--gpus all: a Kubernetes pod asks for a number of nvidia.com/gpu"),
         (["--gpus", "0,2"], "--gpus 0,2: a Kubernetes pod asks for a number of nvidia.com/gpu"),
         (["--port", "8001"], "--port 8001 is the gRPC port too"),
+        (["--cache-host-path", "var/cache"], "--cache-host-path 'var/cache' is not an absolute path"),
     ],
 )
 def test_what_a_pod_spec_cannot_say_is_refused_in_one_line(tmp_path, flags, message) -> None:
@@ -209,3 +210,14 @@ def test_grpc_is_a_named_container_and_service_port(tmp_path) -> None:
     assert {"name": "grpc", "port": 9001, "targetPort": "grpc", "protocol": "TCP"} in svc["spec"]["ports"]
     pod, svc, _ = _render_cli(tmp_path / "off", "cpu", "-e", "VEO_EDGE_GRPC_PORT=-1")
     assert [p["name"] for p in svc["spec"]["ports"]] == ["http"]
+
+
+def test_the_cache_host_path_must_exist_owned_by_the_pods_user(tmp_path) -> None:
+    pod, _, err = _render_cli(
+        tmp_path, "orin", "--cache-host-path", "/var/lib/veo-edge", "--user", "2000:3000"
+    )
+    volume = next(v for v in pod["volumes"] if v["name"] == "engine-cache")
+    # not DirectoryOrCreate: the kubelet would make it root-owned 0755, unwritable by uid 2000
+    assert volume == {"name": "engine-cache", "hostPath": {"path": "/var/lib/veo-edge", "type": "Directory"}}
+    assert "install -d -o 2000 -g 3000 /var/lib/veo-edge" in err
+    assert "outside the baseline and restricted Pod Security Standards" in err

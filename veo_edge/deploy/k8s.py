@@ -164,8 +164,12 @@ def render(w: Workload) -> dict[str, dict[str, Any]]:
     }
     if w.selinux_type:
         pod_sc["seLinuxOptions"] = {"type": w.selinux_type}
+    if w.cache_host_path and not w.cache_host_path.startswith("/"):
+        raise UsageError(f"--cache-host-path {w.cache_host_path!r} is not an absolute path on the node")
     cache_volume: dict[str, Any] = (
-        {"name": "engine-cache", "hostPath": {"path": w.cache_host_path, "type": "DirectoryOrCreate"}}
+        # Directory, not DirectoryOrCreate: the kubelet would create it root-owned 0755, which the pod's
+        # user cannot write (fsGroup does not apply to hostPath); see k8s_options.notes()
+        {"name": "engine-cache", "hostPath": {"path": w.cache_host_path, "type": "Directory"}}
         if w.cache_host_path
         else {"name": "engine-cache", "emptyDir": {"sizeLimit": "2Gi"}}
     )

@@ -10,7 +10,7 @@ should hear about the pod that the manifests do not say.
 | ``--pids-limit`` | refused: pod pids limits are the kubelet's ``podPidsLimit``, per node |
 
 Adding a capability other than ``NET_BIND_SERVICE``, or allowing privilege escalation, leaves the
-restricted Pod Security Standard.
+restricted Pod Security Standard; a ``--cache-host-path`` (hostPath) leaves the baseline one too.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def least_privilege(
 
 def notes(w: Workload) -> list[str]:
     """What a user should know about ``w``'s pod that the manifests do not say: where it leaves the
-    restricted Pod Security Standard, a flag its target ignores."""
+    restricted Pod Security Standard, what a node must prepare, a flag its target ignores."""
     out = []
     extra = [c for c in w.cap_add if c not in RESTRICTED_CAPS]
     if extra:
@@ -83,6 +83,13 @@ def notes(w: Workload) -> list[str]:
         out.append(
             "--allow-privilege-escalation: allowPrivilegeEscalation: true; a namespace enforcing the "
             "restricted Pod Security Standard refuses this pod"
+        )
+    if w.cache_host_path:
+        out.append(
+            f"--cache-host-path {w.cache_host_path}: create it on every node before the pod starts, owned "
+            f"by the pod's user (install -d -o {w.uid} -g {w.gid} {w.cache_host_path}): the pod waits "
+            "while it is absent, and fsGroup does not apply to hostPath; hostPath volumes are outside "
+            "the baseline and restricted Pod Security Standards"
         )
     gpu = gpu_run(w.target)
     if w.gpus != 1 and not gpu.device_requests:
