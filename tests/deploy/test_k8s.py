@@ -221,3 +221,37 @@ def test_the_cache_host_path_must_exist_owned_by_the_pods_user(tmp_path) -> None
     assert volume == {"name": "engine-cache", "hostPath": {"path": "/var/lib/veo-edge", "type": "Directory"}}
     assert "install -d -o 2000 -g 3000 /var/lib/veo-edge" in err
     assert "outside the baseline and restricted Pod Security Standards" in err
+
+
+class _Engine:
+    """The one thing ``_digest_ref`` reads of a local engine without --registry: an image's RepoDigests."""
+
+    def __init__(self, digests: list[str]) -> None:
+        self.images = self
+        self.attrs = {"RepoDigests": digests}
+
+    def get(self, image_id: str) -> _Engine:
+        return self
+
+
+def test_a_digest_already_known_is_named_with_why_and_never_picked_at_random() -> None:
+    from veo_edge.cli._deploy_k8s import _digest_ref
+    from veo_edge.errors import UsageError
+
+    d1, d2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    ref, why = _digest_ref(_Engine([f"127.0.0.1:18250/vit@{d1}"]), "vit:orin", "sha256:id", None, None)
+    assert ref == f"127.0.0.1:18250/vit@{d1}"
+    assert "no --registry given" in why and "loopback" in why and "--registry REG" in why
+    # several: refused, whichever order the engine lists them in
+    for digests in (
+        [f"reg.local:5000/vit@{d2}", f"reg.local:5000/vit@{d1}"],
+        [f"a.example/vit@{d1}", f"b.example/vit@{d2}"],
+    ):
+        with pytest.raises(
+            UsageError, match=r"has 2 registry digests on the local engine .*; pass --registry REG"
+        ):
+            _digest_ref(_Engine(digests), "reg.local:5000/vit:1", "sha256:id", None, None)
+    # the image's own repository first; no other digest: nothing to name (the caller asks for --registry)
+    ref, why = _digest_ref(_Engine([f"b.example/vit@{d1}", f"reg/vit@{d2}"]), "reg/vit:1", "i", None, None)
+    assert ref == f"reg/vit@{d2}" and "loopback" not in why
+    assert _digest_ref(_Engine([]), "vit:orin", "sha256:id", None, None) == (None, None)

@@ -13,17 +13,48 @@ from veo_edge.cli._common import console, print_json
 
 def _digest_ref(
     local, image: str, image_id: str, registry: str | None, signature_tag: str | None
-) -> str | None:
-    """``repo@sha256:...`` of the verified image: pushed now (``--registry``), or a digest the engine
-    already knows for it (an earlier push or pull)."""
+) -> tuple[str | None, str | None]:
+    """``repo@sha256:...`` of the verified image and, when it was not pushed now, a note saying which
+    reference that is and why: pushed now (``--registry``), or the one digest the engine already knows
+    for it (an earlier push or pull), the image's own repository first. Several: a usage error naming
+    them, never an arbitrary pick."""
     from veo_edge.deploy.transfer import push
+    from veo_edge.errors import UsageError
     from veo_edge.packaging.attest import repo_of
 
     if registry:
-        return push(local, image, image_id, registry, signature_tag)[0]
-    digests = local.images.get(image_id).attrs.get("RepoDigests") or []
+        return push(local, image, image_id, registry, signature_tag)[0], None
+    digests = sorted(set(local.images.get(image_id).attrs.get("RepoDigests") or []))
     same = [d for d in digests if repo_of(d) == repo_of(image)]
-    return (same or digests or [None])[0]
+    found = same or digests
+    if len(found) > 1:
+        raise UsageError(
+            f"{image} has {len(found)} registry digests on the local engine ({', '.join(found)}); pass "
+            "--registry REG to push it where the cluster pulls from and name that digest"
+        )
+    if not found:
+        return None, None
+    loopback = "; that registry is on this machine's loopback, which no cluster node reaches"
+    return found[0], (
+        f"{image} is named by {found[0]}, the digest the local engine recorded when it was pushed to or "
+        "pulled from that registry (no --registry given)"
+        + (loopback if _on_loopback(found[0]) else "")
+        + "; pass --registry REG to push it where the cluster pulls from"
+    )
+
+
+def _on_loopback(ref: str) -> bool:
+    """Whether ``ref``'s registry is this machine's loopback (``127.0.0.1:5000/...``, ``localhost/...``)."""
+    import ipaddress
+
+    head = ref.split("/", 1)[0] if "/" in ref else ""
+    host = head.rsplit(":", 1)[0].strip("[]") if head.count(":") <= 1 or head.startswith("[") else head
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def k8s_render(
@@ -62,7 +93,9 @@ def k8s_render(
                 ) from e
         ref = image
         if trust is not None:
-            digest = _digest_ref(local, image, trust.image_id, registry, trust.signature_tag)
+            digest, why = _digest_ref(local, image, trust.image_id, registry, trust.signature_tag)
+            if why:
+                out.print(f"[bold yellow]NOTE:[/] {escape(why)}")
             if digest is None and not trusting.allow_unsigned:
                 raise UsageError(
                     f"Kubernetes pulls {image} from a registry, and the manifests name it by digest: pass "
