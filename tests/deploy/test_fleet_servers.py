@@ -89,6 +89,13 @@ def test_deploy_through_a_real_registry_pulls_by_digest_and_refuses_a_mismatch(
                     "--json", env=env)  # fmt: skip
             assert r.returncode == 0, r.stderr
             assert json.loads(r.stdout)["images"] == [digest_ref]
+            # without --registry: the digest that push recorded, and stderr says which and that its
+            # registry is on loopback (the walkthrough got it with no word)
+            r = veo("deploy", image, "--k8s", tmp_path / "k8s-local", "--allow-unsigned", "--json", env=env)
+            assert r.returncode == 0, r.stderr
+            assert json.loads(r.stdout)["images"] == [digest_ref]
+            err = " ".join(r.stderr.split())
+            assert f"is named by {digest_ref}" in err and "loopback" in err and "--registry REG" in err
 
             # a second release whose manifest the registry no longer serves as pushed: refused, and the
             # running release is untouched. A fresh image, because the device engine keeps the manifests
