@@ -221,3 +221,14 @@ def test_the_bytes_serialization_is_checked() -> None:
         split_elements(two[:-1], 2, "x")
     with pytest.raises(InputError, match="2 elements for a shape of 3"):
         split_elements(two, 3, "x")
+
+
+def test_a_companion_is_not_a_second_model_to_a_soak(hf_digits: Path, serve) -> None:
+    """A soak over gRPC against a server of one model with preprocessing picks that model by itself: its
+    NAME_image companion is listed in the repository index, but is not another model to choose from."""
+    from veo_edge.soak.servers import GrpcTarget
+
+    server = serve(hf_digits)
+    target = GrpcTarget(f"grpc://{server.grpc_url}")
+    shape, dtype = target.open()
+    assert target.model_name == "hf-vit-digits" and dtype == np.float32 and len(shape) == 3

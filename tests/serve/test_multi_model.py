@@ -90,6 +90,9 @@ def test_a_repository_folder_serves_each_build_under_its_folder_name(
     assert (
         cats["inference_stats"]["success"]["count"] == cats["inference_stats"]["compute_infer"]["count"] == 3
     )
+    # a repository of several models: the healthcheck asks which one (a usage error, not 'not ready')
+    with pytest.raises(UsageError, match=r"serves several models \(cats, dogs\); pass --model-name"):
+        check_server(f"http://{server.url}", timeout=30)
     # the healthcheck of one model of a repository: its golden canary from the server, in the binary form
     assert check_server(f"http://{server.url}", model_name="dogs", timeout=30)["model"] == "dogs"
     status, body = server.get_json("/v2/models/vit-nano")

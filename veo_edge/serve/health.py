@@ -217,8 +217,14 @@ def check_server(
             # veo-edge serve names its model there; Triton answers an empty body
             ready = _kserve_json(url, "/v2/health/ready", body) if body.strip() else {}
             name = ready.get("model") if isinstance(ready, dict) else None
-            if not name:
-                raise NotReadyError(f"the server at {url} does not name its model; pass --model-name")
+            if not name:  # a repository of several models names them all: which one is the caller's
+                served = ready.get("models") if isinstance(ready, dict) else None
+                names = ", ".join(sorted(served)) if isinstance(served, dict) else ""
+                raise UsageError(
+                    f"the server at {url} serves "
+                    + (f"several models ({names})" if names else "no model it names")
+                    + "; pass --model-name"
+                )
         status, _, body = client.request("GET", f"/v2/models/{name}/ready")
         if status != 200:
             raise NotReadyError(f"model {name!r} is not ready at {url} (HTTP {status}): {_error_of(body)}")

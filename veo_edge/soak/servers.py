@@ -288,6 +288,8 @@ class GrpcTarget(_ServerTarget):
                 raise UsageError(
                     f"the server at {self.url} does not list its models ({e.message()}); pass --model-name"
                 ) from e
+            # a model's NAME_image companion (encoded pictures into NAME) is not another model
+            models = [m for m in models if not (m.endswith("_image") and m.removesuffix("_image") in models)]
             if len(models) != 1:
                 raise UsageError(f"the server at {self.url} serves {models}; pass --model-name")
             self.model_name = models[0]
