@@ -119,3 +119,14 @@ def test_fault_schedules_lose_nothing_while_a_backend_works_and_readiness_tells_
     assert _get(m, "veo_edge_backend_faults_total", backend="onnxruntime", kind="oom") >= 1
     assert _get(m, "veo_edge_ready") == 0
     assert _get(m, "veo_edge_infer_requests_total", protocol="http", code="500") == statuses.count(500)
+    # what the log says: the drill itself, and the failures each at most once per 10 s, with a count
+    # (every failed batch was a line: 3,500 in 6 s in a walkthrough)
+    log = server.log.read_text()
+    assert "fault injection is on" in log
+    assert 1 <= log.count("a batch failed on every backend") <= 2, log
+    assert 1 <= log.count("backend openvino failed a batch") <= 3, log
+    # the re-checks skip the same backends for the same reasons: one entry each, counted
+    status, _, body = server.request("GET", "/v2/health/ready")
+    skipped = json.loads(body)["fallback"]["skipped"]
+    pairs = [(s["backend"], s["reason"]) for s in skipped]
+    assert len(pairs) == len(set(pairs)) and any(s.get("times", 1) > 1 for s in skipped), skipped

@@ -68,7 +68,7 @@ class Candidates:
         #: when a candidate refused for a fault that may heal (or a recovery refused) is tried again
         self.retry_after_s = retry_after_s
         self._backoff = Backoff(retry_after_s)
-        self._skipped: deque[dict[str, str]] = deque(maxlen=HISTORY)  # bounded: recovery may probe for days
+        self._skipped: deque[dict[str, Any]] = deque(maxlen=HISTORY)  # bounded: recovery may probe for days
         self._switches: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._verified: dict[str, Any] = {}
         self.fallback_count = 0  # failures switched away from, counted beyond the history's length
@@ -153,7 +153,14 @@ class Candidates:
                 self._backoff.failed(name)
             else:
                 self._backoff.clear(name)  # a wrong answer stays wrong: not tried again
-            self._skipped.append({"backend": name, "reason": tried.reason})
+            # a candidate skipped again for the same reason (each re-check): one entry, counted, last
+            entry: dict[str, Any] = {"backend": name, "reason": tried.reason}
+            for seen in self._skipped:
+                if seen["backend"] == name and seen["reason"] == tried.reason:
+                    self._skipped.remove(seen)
+                    entry["times"] = seen.get("times", 1) + 1
+                    break
+            self._skipped.append(entry)
             self._status[name] = CandidateStatus(name, "skipped", tried.reason)
         log.info("backend %s skipped: %s", name, tried.reason)
         return None

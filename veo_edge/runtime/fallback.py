@@ -36,7 +36,7 @@ import numpy as np
 
 from veo_edge.errors import BackendError, InputError, NoBackendError, UsageError, VeoEdgeError
 from veo_edge.runtime.candidates import Candidates
-from veo_edge.runtime.state import CandidateStatus, Held, fault_kind, release, short
+from veo_edge.runtime.state import CandidateStatus, Held, Throttled, fault_kind, release, short
 
 __all__ = ["SWITCH_AFTER", "Fallback"]
 
@@ -44,6 +44,8 @@ log = logging.getLogger("veo_edge.runtime")
 
 #: consecutive failed calls after which a transient fault (out of memory, backend error) moves traffic
 SWITCH_AFTER = 3
+#: a failed batch, and a batch failed everywhere, are logged at most every 10 s per backend (with a count)
+_throttled = Throttled(log, logging.WARNING)
 
 
 class Fallback(Candidates):
@@ -66,7 +68,7 @@ class Fallback(Candidates):
         self._settle()
         if out is None:
             assert error is not None
-            log.warning("a batch failed on every backend it was tried on: %s", short(str(error)))
+            _throttled("everywhere", "a batch failed on every backend it was tried on: %s", short(str(error)))
             raise error
         return out
 
@@ -108,7 +110,14 @@ class Fallback(Candidates):
     def _fault(self, index: int, held: Held, error: BaseException) -> None:
         """Count a failed call; mark the switch (the active) or the drop (a standby) it calls for."""
         name, kind = self.names[index], fault_kind(error)
-        log.info("backend %s failed a batch (%s): %s", name, kind, short(str(error)))
+        _throttled(
+            name,
+            "backend %s failed a batch (%s): %s%s",
+            name,
+            kind,
+            short(str(error)),
+            "; it is retried on the backends after it" if self.fallback else "",
+        )
         self.tally.fault(name, kind)
         with self._lock:
             held.failures += 1

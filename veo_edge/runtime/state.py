@@ -20,6 +20,31 @@ log = logging.getLogger("veo_edge.runtime")
 HISTORY = 256
 
 
+class Throttled:
+    """A recurring log line at most once every ``every_s`` seconds per key: the first at once, each later
+    one with the count of those held back since (a backend failing every batch logged every batch:
+    3,500 lines in 6 s). The counters on /metrics have every one."""
+
+    def __init__(self, logger: logging.Logger, level: int, every_s: float = 10.0) -> None:
+        self.logger, self.level, self.every_s = logger, level, every_s
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[float, int]] = {}  # key -> (when last logged, held back since)
+
+    def __call__(self, key: str, msg: str, *args: Any) -> None:
+        import time
+
+        now = time.monotonic()
+        with self._lock:
+            last, held = self._last.get(key, (float("-inf"), 0))
+            if now - last < self.every_s:
+                self._last[key] = (last, held + 1)
+                return
+            self._last[key] = (now, 0)
+        if held:
+            msg += f" (and {held} more like it in the last {now - last:.0f} s)"
+        self.logger.log(self.level, msg, *args)
+
+
 def short(reason: str, limit: int = 120) -> str:
     """The first line of a reason, cut at ``limit`` characters (the full one goes to the details)."""
     line = reason.strip().splitlines()[0] if reason.strip() else reason

@@ -183,8 +183,10 @@ def _kserve_json(url: str, path: str, body: bytes) -> Any:
 
 
 def _error_of(body: bytes) -> str:
+    """What a refusal says: its ``error``, a readiness body's ``reason``, else the start of the body."""
     try:
-        return str(json.loads(body).get("error") or json.loads(body))
+        answer = json.loads(body)
+        return str(answer.get("error") or answer.get("reason") or answer)[:500]
     except (ValueError, AttributeError):
         return body[:200].decode("utf-8", "replace")
 

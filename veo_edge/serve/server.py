@@ -107,8 +107,15 @@ async def _serve(runtimes, makers, options, listeners, grpc_server, app_args, on
     def listening(port: int) -> None:
         for name, svc in services.items():
             ready = svc.readiness()
+            skipped = "; ".join(
+                f"{s['backend']}: {s['reason']}" for s in ready["fallback"]["skipped"] if s.get("reason")
+            )
             log.info(
-                "model %r: backend %s, ready: %s", name, ready["active_backend"], ready.get("reason", "yes")
+                "model %r: backend %s, ready: %s%s",
+                name,
+                ready["active_backend"],
+                ready.get("reason", "yes"),
+                f" (skipped {skipped})" if skipped else "",
             )
         log.info("veo-edge serving %s on http://%s:%d", ", ".join(map(repr, services)), options.host, port)
         if on_listening is not None:
