@@ -244,3 +244,23 @@ def test_infer_request_read_in_place_matches_protobuf(two_models) -> None:
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "the ModelInferRequest is malformed: a field runs past the end" in info.value.details()
     assert grpcclient.InferenceServerClient(two_models.grpc_url).is_server_ready()
+
+
+def test_trace_log_and_stream_rpcs_are_unimplemented_without_an_error_in_the_log(client, two_models) -> None:
+    for call, what in ((client.get_trace_settings, "TraceSetting"), (client.get_log_settings, "LogSettings")):
+        e = _grpc_error(call)
+        assert e.status() == "StatusCode.UNIMPLEMENTED" and what in e.message(), e.message()
+    errors = []
+    client.start_stream(callback=lambda result, error: errors.append(error))
+    x = seeded_inputs((3, 32, 32), 1, 2)
+    inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    try:
+        client.async_stream_infer("vit-nano", [inp])
+    except InferenceServerException:
+        pass  # the stream may be closed by the server's answer already: the callback has it
+    client.stop_stream()
+    assert errors and "does not stream" in str(errors[0]), errors
+    assert client.is_server_ready()
+    log = two_models.log.read_text()
+    assert "NotImplementedError" not in log and " ERROR " not in log, log[-2000:]

@@ -201,7 +201,7 @@ class Batcher:
                 also = f"; this request has {len(samples)} samples" if len(samples) > 1 else ""
                 raise OverloadedError(
                     f"request queue is full ({len(self._queue)} pending of {self.max_queue}{also}); retry "
-                    "later, lower the request rate, or raise max_queue"
+                    "later, lower the request rate, or raise max_queue (serve --max-queue)"
                 )
             self._consume_returning(len(samples) - announced)  # announced ones consumed at expect()
             now = time.perf_counter_ns()

@@ -251,6 +251,23 @@ class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServic
         )
         return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
+    # Triton's trace, logging and streaming RPCs: a clear UNIMPLEMENTED (the generated stubs raised
+    # NotImplementedError, which grpcio logged as an ERROR with a traceback on every call)
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, "TraceSetting: veo-edge serve has no trace extension"
+        )
+
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, "LogSettings: veo-edge serve has no logging extension"
+        )
+
+    async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> Any:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, "ModelStreamInfer: veo-edge serve does not stream; use ModelInfer"
+        )
+
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         request, raw = request if isinstance(request, tuple) else (request, None)
         if request is None:
