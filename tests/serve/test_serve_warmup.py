@@ -112,3 +112,14 @@ def test_the_default_batch_limit_is_measured_at_start_and_stated(serve, nano_bui
     status, stats = server.get_json("/v2/models/vit-nano/stats")
     assert status == 200
     assert max(int(b["batch_size"]) for b in stats["model_stats"][0]["batch_stats"]) <= limit
+
+
+def test_a_batch_limit_above_the_builds_max_batch_is_said_and_capped(serve, nano_build) -> None:
+    max_batch = BuildDir.open(nano_build).max_batch
+    server = serve(nano_build, "--batch-limit", "100")
+    assert (
+        f"--batch-limit 100 is above the build's max batch {max_batch}: batches of {max_batch} at most"
+        in server.log.read_text()
+    )
+    status, config = server.get_json("/v2/models/vit-nano/config")
+    assert status == 200 and config["dynamic_batching"]["preferred_batch_size"] == [max_batch]

@@ -205,7 +205,15 @@ def serve(
         return make
 
     check_free(host, {"--port": port, "--grpc-port": grpc_port, "--metrics-port": metrics_port})
-    makers = {entry.name: runtime_for(entry.build) for entry in find_models(build_dirs, model_name)}
+    entries = find_models(build_dirs, model_name)
+    for entry in entries:
+        if limit != "auto" and limit > entry.build.max_batch:  # a limit the build cannot take: said once
+            logging.getLogger("veo_edge.serve").warning(
+                "model %r: --batch-limit %d is above the build's max batch %d: batches of %d at most "
+                "(rebuild with --max-batch %d for larger ones)",
+                entry.name, limit, entry.build.max_batch, entry.build.max_batch, limit,
+            )  # fmt: skip
+    makers = {entry.name: runtime_for(entry.build) for entry in entries}
     # the ports are bound first (a taken one fails at once), then each model's runtime is made
     raise typer.Exit(_run(serve_async(None, options, make_runtime=makers)))
 
