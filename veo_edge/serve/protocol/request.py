@@ -59,6 +59,11 @@ def _json_tensor(spec: TensorSpec, data: Any, shape: tuple[int, ...]) -> np.ndar
         )
     if arr.dtype.kind == "b" and spec.datatype != "BOOL":
         raise ProtocolError(f"input {spec.name!r} 'data' holds booleans, expected {spec.datatype} numbers")
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():  # Python's parser takes NaN, Infinity, 1e999
+        raise ProtocolError(
+            f"input {spec.name!r} 'data' holds NaN or infinite numbers, which JSON does not have (and the "
+            "answer could not be JSON); send finite numbers, or the tensor as binary data"
+        )
     if arr.size != math.prod(shape):
         raise ProtocolError(
             f"input {spec.name!r} 'data' has {arr.size} elements, its shape {list(shape)} needs "
