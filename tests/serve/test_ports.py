@@ -95,3 +95,12 @@ def test_binds_that_fail_after_others_release_them_on_the_loop(tmp_path: Path) -
         "cannot listen for gRPC on 127.0.0.1:" in proc.stdout and "choose another --grpc-port" in proc.stdout
     )
     assert "Traceback" not in proc.stderr and "Event loop is closed" not in proc.stderr, proc.stderr
+
+
+def test_two_flags_on_one_port_are_one_line_before_any_bind(nano_build: Path) -> None:
+    port = _free_port()
+    proc = _serve(nano_build, {"--port": _free_port(), "--grpc-port": port, "--metrics-port": port})
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert proc.returncode == 2 and lines == [
+        f"error: --grpc-port and --metrics-port are both {port}; give each its own port"
+    ], lines

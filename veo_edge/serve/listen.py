@@ -41,6 +41,11 @@ def check_free(host: str, ports: dict[str, int | None]) -> None:
     """Fail at once, before any build is read, when a port (flag -> port; 0 or None: nothing to check) is
     taken; the binds that follow stay the real test (and clean up after themselves)."""
     what = {"--port": "HTTP", "--grpc-port": "gRPC", "--metrics-port": "metrics"}
+    given = [(flag, port) for flag, port in ports.items() if port and port > 0]
+    for i, (flag, port) in enumerate(given):
+        for other, same in given[i + 1 :]:
+            if same == port:
+                raise UsageError(f"{flag} and {other} are both {port}; give each its own port")
     for flag, port in ports.items():
         if port and port > 0:  # -1: the metrics port is off
             bind_http(host, port, what=what.get(flag, flag), flag=flag).close()
