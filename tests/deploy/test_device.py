@@ -178,6 +178,8 @@ def test_a_grpc_port_that_cannot_be_is_refused_before_any_engine() -> None:
         ),
         (["--grpc-port", "70000"], "--grpc-port 70000 is not a free TCP port"),
         (["--grpc-port", "9001", "--env", "VEO_EDGE_GRPC_PORT=9002"], "disagree; give one"),
+        (["--registry", "http://127.0.0.1:5000"], "is not a registry address: HOST[:PORT]"),
+        (["--registry", "bad registry"], "--registry 'bad registry' is not a registry address"),
     ):
         r = veo("deploy", "some/image:1", "--to", "unix:///nonexistent/docker.sock", *args)
         assert r.returncode == 2 and said in r.stderr, r.stderr

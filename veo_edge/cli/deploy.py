@@ -147,10 +147,12 @@ def deploy(
             else:
                 _action(args[0], args[1], address, swarm, timeout, json_out)
         return
-    from veo_edge.packaging.image import check_reference
+    from veo_edge.packaging.image import check_reference, check_registry
 
     for image in args:  # a name Docker refuses: one line before any engine is asked
         check_reference(image, "IMAGE", image_id=True)
+    if registry is not None:
+        check_registry(registry)
     if replicas is not None and global_mode:
         raise UsageError("--replicas and --global exclude each other")
     if replicas is not None and replicas < 1:  # `replicas or 1` below would turn 0 into 1 without a word

@@ -72,6 +72,18 @@ def check_reference(ref: str, flag: str, image_id: bool = False) -> None:
         )
 
 
+def check_registry(registry: str) -> None:
+    """``--registry``: a registry host[:port], as an image reference starts (not a URL, no path)."""
+    from veo_edge.errors import UsageError
+
+    if not _REGISTRY.fullmatch(registry):
+        hint = "; leave out the scheme" if "://" in registry else ""
+        raise UsageError(
+            f"--registry {registry!r} is not a registry address: HOST[:PORT], e.g. registry.local:5000 or "
+            f"127.0.0.1:5000{hint}"
+        )
+
+
 def check_image_flags(image: str | None, base_image: str | None) -> None:
     """``--image`` and ``--base-image`` checked before any build work (:func:`check_reference`)."""
     for flag, ref in (("--image", image), ("--base-image", base_image)):
