@@ -170,7 +170,7 @@ def test_bad_engine_addresses_are_one_line_errors(to, code, message) -> None:
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_a_grpc_port_that_cannot_be_is_refused_before_any_engine() -> None:
+def test_bad_grpc_ports_and_registries_are_refused_before_any_engine() -> None:
     for args, said in (
         (
             ["--port", "18123", "--grpc-port", "18123"],
