@@ -297,7 +297,8 @@ def _action(action, name, address, swarm, timeout, json_out) -> None:
     else:
         if report.get("recovered"):
             typer.echo(report["recovered"])
-        typer.echo(f"rolled back: {name} on {address.url}")
+        now = report.get("image") or report.get("bound_to")
+        typer.echo(f"rolled back: {name} on {address.url}{f' runs {now} again' if now else ''}")
 
 
 def _remove(name, address, swarm, volumes, timeout, json_out) -> None:

@@ -286,6 +286,7 @@ def rollback(
     if previous is None:
         raise DeployError(
             f"no previous release of {name} is kept on that engine (no container {name + PREVIOUS_SUFFIX})"
+            f"{service_hint(client, name)}"
         )
     current = _get(client, name)
     try:
@@ -365,5 +366,18 @@ def status(client: Any, name: str, timeout: float = 300.0, progress=None) -> dic
             "started_at": (c.attrs.get("State") or {}).get("StartedAt"),
         }
     if out["current"] is None and out["previous"] is None:
-        raise DeployError(f"no release named {name} on that engine (no container {name})")
+        raise DeployError(
+            f"no release named {name} on that engine (no container {name}){service_hint(client, name)}"
+        )
     return out
+
+
+def service_hint(client: Any, name: str) -> str:
+    """ "; ... add --swarm" when ``name`` is a swarm service on ``client`` (a manager), else ""."""
+    try:
+        if (client.info().get("Swarm") or {}).get("ControlAvailable"):
+            client.services.get(name)
+            return f"; a swarm service {name} runs there: add --swarm"
+    except Exception:  # no swarm, no such service, an engine that does not say: no hint
+        pass
+    return ""

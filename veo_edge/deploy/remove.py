@@ -18,7 +18,14 @@ import contextlib
 import time
 from typing import Any
 
-from veo_edge.deploy.device import OUTGOING_SUFFIX, PARKED_SUFFIX, PREVIOUS_SUFFIX, _get, check_name
+from veo_edge.deploy.device import (
+    OUTGOING_SUFFIX,
+    PARKED_SUFFIX,
+    PREVIOUS_SUFFIX,
+    _get,
+    check_name,
+    service_hint,
+)
 from veo_edge.deploy.runopts import LABEL_DEPLOY
 from veo_edge.errors import DeployError
 
@@ -46,7 +53,10 @@ def remove_release(client: Any, name: str, volumes: bool = False, stop_timeout: 
     if volumes:  # a release removed before without --volumes: its default cache volume, alone
         mounted |= {cache} if _volume_exists(client, cache) else set()
     if not found and not mounted:
-        raise DeployError(f"no release named {name} on that engine (no container {name} or {name}-previous)")
+        raise DeployError(
+            f"no release named {name} on that engine (no container {name} or {name}-previous)"
+            f"{service_hint(client, name)}"
+        )
     removed = []
     for suffix, c in found:
         if not suffix:  # the serving release: stopped as a deploy stops it, so it drains
