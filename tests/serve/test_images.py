@@ -203,6 +203,9 @@ def test_bad_pictures_are_400s_and_the_server_keeps_serving(server) -> None:
     with pytest.raises(InferenceServerException, match="unknown model 'vit-nano_image'") as e:
         client.get_model_metadata("vit-nano_image")
     assert f"and '{MODEL}_image' (encoded pictures)" in str(e.value)  # the companions are named too
+    body = json.dumps({"inputs": [{"name": "input", "datatype": "BYTES", "shape": [1], "data": [7]}]})
+    status, _, answer = server.request("POST", f"/v2/models/{MODEL}/infer", body.encode())
+    assert status == 400 and "'data' must hold base64 strings (one per picture), got int" in answer.decode()
     # still serving, and the refusals were counted as invalid requests
     inp = httpclient.InferInput("input", [1], "BYTES")
     inp.set_data_from_numpy(np.array(good, dtype=object))

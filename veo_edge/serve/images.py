@@ -135,9 +135,15 @@ def parse_http_pictures(
             f"input {name!r} has neither binary_data_size nor 'data' (a list of base64 strings, one per picture)"
         )
     flat = [d for row in data for d in row] if data and isinstance(data[0], list) else data
-    if len(flat) != count or not all(isinstance(d, str) for d in flat):
+    if len(flat) != count:
         raise ProtocolError(
             f"input {name!r} 'data' must be {count} base64 strings (one per picture), got {len(flat)} items"
+        )
+    kinds = sorted({type(d).__name__ for d in flat if not isinstance(d, str)})
+    if kinds:
+        raise ProtocolError(
+            f"input {name!r} 'data' must hold base64 strings (one per picture), got {', '.join(kinds)}; "
+            "base64-encode each picture file"
         )
     elements = []
     for i, text in enumerate(flat):
