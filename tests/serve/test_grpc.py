@@ -111,6 +111,12 @@ def test_typed_contents_give_the_same_answer_as_raw(two_models) -> None:
         raw = service_pb2.ModelInferRequest(model_name="vit-nano", raw_input_contents=[x.tobytes()])
         raw.inputs.add(name="input", datatype="FP32", shape=list(x.shape))
         a, b = stub.ModelInfer(typed, timeout=60), stub.ModelInfer(raw, timeout=60)
+        both = service_pb2.ModelInferRequest(model_name="vit-nano", raw_input_contents=[x.tobytes()])
+        both.inputs.append(typed.inputs[0])  # typed contents and raw contents for one input: refused
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(both, timeout=60)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "has typed contents and raw_input_contents too" in info.value.details()
     assert a.outputs[0].shape == [2, 10]
     ya = np.frombuffer(a.raw_output_contents[0], np.float32)
     yb = np.frombuffer(b.raw_output_contents[0], np.float32)

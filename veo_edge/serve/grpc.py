@@ -140,6 +140,10 @@ def parse_infer_request(msg: Any, model: ModelSpec, raw: Any = None) -> InferReq
         dtype = DATATYPES[spec.datatype]
         count = math.prod(shape)
         if raw:
+            if tensor.HasField("contents"):  # as Triton: one or the other, never a silent choice
+                raise ProtocolError(
+                    f"input {tensor.name!r} has typed contents and raw_input_contents too; send one"
+                )
             data = raw[raw_index]
             raw_index += 1
             if len(data) != count * dtype.itemsize:
