@@ -2,8 +2,9 @@
 
 Names follow Triton's where Triton has one (``nv_inference_request_success``, ``..._duration_us``,
 ``nv_gpu_memory_used_bytes``; exposed untyped so that the names stay exactly Triton's, without the
-``_total`` suffix prometheus-client adds to counters); the rest are ``veo_edge_*``. Nothing is counted on
-the request path except the server's own HTTP outcomes, so a scrape costs one ``runtime.stats()``.
+``_total`` suffix prometheus-client adds to counters); the rest are ``veo_edge_*``. The request path
+counts only the server's own outcomes (HTTP responses, rejections, each request's times: Triton's
+request-level series); the rest is read from the runtime at scrape time, one ``runtime.stats()``.
 """
 
 from __future__ import annotations
