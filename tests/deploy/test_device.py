@@ -231,3 +231,20 @@ def test_the_control_token_comes_from_its_own_volume_never_the_image(
     finally:
         device_engine.docker("rm", "-f", release_name, check=False)
         device_engine.docker("volume", "rm", "-f", f"veo-edge-control-{release_name}", check=False)
+
+
+def test_a_failed_push_leaves_no_stray_tag_on_the_build_host(
+    docker_engine, device_engine, test_images
+) -> None:
+    """--registry on a port where nothing listens: the push fails (exit 44) and the tag made for it goes."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    r = deploy(docker_engine, device_engine, test_images["v1"], "--name", "nopush",
+               "--registry", f"127.0.0.1:{port}")  # fmt: skip
+    assert r.returncode == 44 and f"to 127.0.0.1:{port} failed" in r.stderr, r.stderr
+    tags = docker_engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout
+    assert f"127.0.0.1:{port}/" not in tags, tags
+    assert state(device_engine, "nopush") is None

@@ -10,6 +10,7 @@ goes along the same way, so the target engine and the registry keep the signatur
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -163,8 +164,15 @@ def push(
     """Push the image ``local_id`` (and its signature image) to ``registry``; returns the digest
     reference (``repo@sha256:...``) and the signature image's remote tag."""
     repo, tag = _repo_tag(_remote(ref, registry))
+    made = image_id(local, f"{repo}:{tag}") is None  # the registry's tag, made here for the push
     local.images.get(local_id).tag(repo, tag)
-    digest = _push(local, repo, tag, registry)
+    try:
+        digest = _push(local, repo, tag, registry)
+    except DeployError:
+        if made:  # a failed push leaves no stray tag on the build host
+            with contextlib.suppress(Exception):
+                local.images.remove(f"{repo}:{tag}", noprune=True)
+        raise
     sig = None
     if signature_tag is not None and image_id(local, signature_tag) is not None:
         sig_tag = signature_tag.rsplit(":", 1)[1]
