@@ -104,6 +104,12 @@ def test_gpu_images_can_leave_the_plugin_libraries_out(target: str) -> None:
     model = {"name": "vit-nano", "sha256": "0" * 64, "precision": "fp32"}
     args = build_args(t, model, None, None, plugin_libs=False)
     assert (args["PLUGINS"], args["PLUGIN_LIB"], args["MEMPOOL_LIB"]) == ("no", "", "")
+    # the builder stage builds nothing: it is the base image, so no CUDA/TensorRT builder is pulled
+    assert args.get("BUILDER_IMAGE", args["BASE_IMAGE"]) == args["BASE_IMAGE"]
+    assert (
+        build_args(t, model, "my/base:1", None, plugin_libs=False).get("BUILDER_IMAGE", "my/base:1")
+        == "my/base:1"
+    )
     assert labels(args)["io.veo-edge.serving"].startswith("openvino (CPU) only")
     assert build_args(t, model, None, None)["PLUGINS"] == "yes"
     dockerfile = (Path(__file__).resolve().parents[2] / t.dockerfile).read_text()

@@ -129,7 +129,10 @@ def build_args(
         "JETPACK_VERSION": target.versions.get("jetpack", "none"),
     }
     if target.has_gpu:
-        args["BUILDER_IMAGE"] = builder or target.builder_image or args["BASE_IMAGE"]
+        # without the plugin libraries the builder stage builds nothing: the base serves as its image, so
+        # the classic builder (which runs every stage before the target) pulls no CUDA/TensorRT image
+        builder_image = target.builder_image if plugin_libs else None
+        args["BUILDER_IMAGE"] = builder or builder_image or args["BASE_IMAGE"]
         args["CUDA_ARCHS"] = ";".join(str(a) for a in target.cuda_archs)
         if target.dockerfile == "packaging/Dockerfile":
             args["VENV_FLAGS"] = "--system-site-packages"
