@@ -7,7 +7,7 @@
 #
 # It reads its settings at run time from the container's environment:
 #   VEO_EDGE_HEALTH_URL      server to check        (default http://127.0.0.1:$VEO_EDGE_PORT, port 8000;
-#                            with VEO_EDGE_REPLICA_SLOT=N, the port + N - 1, as the entrypoint listens)
+#                            with VEO_EDGE_REPLICA_SLOT=N, the port + 2(N - 1), as the entrypoint listens)
 #   VEO_EDGE_HEALTH_TIMEOUT  seconds for the check  (default 10; keep it below HEALTHCHECK --timeout)
 #   VEO_EDGE_BUILD_DIR       golden canary source   (default: the server's own, via /v2/models/NAME/canary)
 #   VEO_EDGE_MODEL_NAME      model to check         (default: the one the server serves)
@@ -23,7 +23,7 @@ set -u
 
 slot="${VEO_EDGE_REPLICA_SLOT:-1}"
 case "$slot" in '' | *[!0-9]* | 0) slot=1 ;; esac
-url="${VEO_EDGE_HEALTH_URL:-http://127.0.0.1:$((${VEO_EDGE_PORT:-8000} + slot - 1))}"
+url="${VEO_EDGE_HEALTH_URL:-http://127.0.0.1:$((${VEO_EDGE_PORT:-8000} + 2 * (slot - 1)))}"
 timeout="${VEO_EDGE_HEALTH_TIMEOUT:-10}"
 
 veo() {

@@ -16,7 +16,8 @@
 #     build): the runtime falls back to OpenVINO on the CPU, and says so.
 #  3. exec `veo-edge serve` on $VEO_EDGE_HOST:$VEO_EDGE_PORT; extra arguments go to serve. Several
 #     replicas on one host (a Swarm service on the host network sets VEO_EDGE_REPLICA_SLOT={{.Task.Slot}})
-#     listen on the base ports + slot - 1; the healthcheck follows the same rule.
+#     listen on interleaved ports: slot s on the base ports + 2(s - 1) (HTTP 8000, gRPC 8001 for slot 1,
+#     8002/8003 for slot 2, whatever the replica count); the healthcheck follows the same rule.
 set -eu
 
 root=/opt/veo-edge
@@ -31,7 +32,7 @@ case "$slot" in
         exit 64
         ;;
 esac
-offset=$((slot - 1))
+offset=$((2 * (slot - 1)))
 port=$((${VEO_EDGE_PORT:-8000} + offset))
 host="${VEO_EDGE_HOST:-0.0.0.0}"
 backend="${VEO_EDGE_BACKEND:-auto}"

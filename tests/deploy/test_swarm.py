@@ -47,7 +47,7 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     assert c["Image"] == image_id(docker_engine, test_images["v1"]) and report["bound_to"] == c["Image"]
     assert c["CapabilityDrop"] == ["ALL"] and c["User"] == "10001:10001" and c["ReadOnly"]
     assert spec["TaskTemplate"]["Resources"]["Limits"]["Pids"] == 1024
-    assert "VEO_EDGE_REPLICA_SLOT={{.Task.Slot}}" in c["Env"] and "VEO_EDGE_GRPC_PORT=8002" in c["Env"]
+    assert "VEO_EDGE_REPLICA_SLOT={{.Task.Slot}}" in c["Env"] and "VEO_EDGE_GRPC_PORT=8001" in c["Env"]
 
     # a good update, then the swarm's own rollback (the Engine API's rollback=previous) back to v1
     r = swarm_deploy(docker_engine, swarm_engine, test_images["v2"], "--name", "fleet", "--replicas", "2",
@@ -141,9 +141,11 @@ def _ready(port: int, timeout: float = 2.0) -> bool:
 def test_three_replicas_of_the_real_image_on_one_node_and_a_bad_update_rolls_back_one_at_a_time(
     cpu_image, swarm_engine
 ) -> None:
-    """Host networking, one node: each replica on its own port (base + slot - 1, gRPC above them), so
-    they do not fight over one; an update to a signed release that cannot start is rolled back by the
-    swarm with at most one replica down at any moment; the rollback leaves the verified ID on all three."""
+    """Host networking, one node: each replica on its own ports (interleaved: HTTP base + 2(slot - 1),
+    gRPC one above), so they do not fight over one, and scaling 2 -> 3 moves none (the walkthrough's scale
+    failed on 'Address already in use' and the swarm's rollback left --port unserved); an update to a
+    signed release that cannot start is rolled back by the swarm with at most one replica down at any
+    moment; the rollback leaves the verified ID on all three."""
     import threading
 
     from tests.support.tamper import derive
@@ -153,15 +155,25 @@ def test_three_replicas_of_the_real_image_on_one_node_and_a_bad_update_rolls_bac
     pin = signing.fingerprint(key.public_key())
     base, name = _free_run(6), "vit-fleet"
     env = {"DOCKER_HOST": cpu_image.engine.host}
-    common = ("--swarm", "--to", swarm_engine.host, "--name", name, "--replicas", "3", "--port", str(base),
+    common = ("--swarm", "--to", swarm_engine.host, "--name", name, "--port", str(base),
               "-e", "VEO_EDGE_HOST=127.0.0.1", "--verify-key", pin, "--json")  # fmt: skip
-    r = veo("deploy", cpu_image.built.tag, *common, "--timeout", "400", env=env, timeout=600)
+    r = veo(
+        "deploy", cpu_image.built.tag, *common, "--replicas", "2", "--timeout", "400", env=env, timeout=600
+    )
     assert r.returncode == 0, r.stderr
-    ports = [base, base + 1, base + 2]
+    assert _ready(base) and _ready(base + 2)
+    before = {t["slot"]: t["id"] for t in json.loads(r.stdout)["tasks"] if t["desired"] == "running"}
+    r = veo(
+        "deploy", cpu_image.built.tag, *common, "--replicas", "3", "--timeout", "400", env=env, timeout=600
+    )
+    assert r.returncode == 0, r.stderr
+    ports = [base, base + 2, base + 4]
     assert all(_ready(p) for p in ports)
+    after = {t["slot"]: t["id"] for t in json.loads(r.stdout)["tasks"] if t["desired"] == "running"}
+    assert {s: after[s] for s in before} == before and set(after) == {1, 2, 3}  # slots 1, 2 kept running
     spec = json.loads(swarm_engine.docker("service", "inspect", name).stdout)[0]["Spec"]
     assert spec["TaskTemplate"]["ContainerSpec"]["Image"] == cpu_image.built.id
-    assert f"VEO_EDGE_GRPC_PORT={base + 3}" in spec["TaskTemplate"]["ContainerSpec"]["Env"]
+    assert f"VEO_EDGE_GRPC_PORT={base + 1}" in spec["TaskTemplate"]["ContainerSpec"]["Env"]
     # the default pace: a failure is seen (15 s monitor) and a 5 s pause passes before the next replica goes
     assert (spec["UpdateConfig"]["Monitor"], spec["UpdateConfig"]["Delay"]) == (15 * 10**9, 5 * 10**9)
     assert spec["RollbackConfig"]["Monitor"] == 15 * 10**9
@@ -191,7 +203,7 @@ def test_three_replicas_of_the_real_image_on_one_node_and_a_bad_update_rolls_bac
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        r = veo("deploy", bad, *common, "--timeout", "400", env=env, timeout=600)
+        r = veo("deploy", bad, *common, "--replicas", "3", "--timeout", "400", env=env, timeout=600)
     finally:
         done.set()
         watcher.join()

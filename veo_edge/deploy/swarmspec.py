@@ -7,9 +7,12 @@ one GPU (``--gpus N``) on x86 GPU targets. ``no-new-privileges`` is sent in the 
 ``Privileges`` (Engine API 1.46+, Docker 27+); older engines ignore that field and the service runs
 without it (``--allow-privilege-escalation`` leaves it out).
 
-Replicated services on the host network get ``VEO_EDGE_REPLICA_SLOT={{.Task.Slot}}``: each replica
-listens on ``--port`` + slot - 1 and its gRPC port on the gRPC base + slot - 1 (the base defaults to
-``--port`` + replicas, so the two ranges never overlap), and the healthcheck probes the same port. Swarm
+Replicated services on the host network get ``VEO_EDGE_REPLICA_SLOT={{.Task.Slot}}``: the ports are
+interleaved, slot s listens for HTTP on ``--port`` + 2(s - 1) and for gRPC on the gRPC port (default
+``--port`` + 1) + 2(s - 1), and the healthcheck probes the same HTTP port. A slot's ports do not depend
+on the replica count, so scaling a service (2 -> 3 replicas) moves no task onto another slot's port;
+slot 1 keeps 8000/8001 like one device. HTTP ports have ``--port``'s parity and gRPC ports the other, so
+a gRPC port an odd distance from ``--port`` never meets an HTTP port (an even one is refused). Swarm
 templates cannot add numbers, so the entrypoint and the healthcheck do it.
 """
 
@@ -24,6 +27,8 @@ from veo_edge.deploy.runopts import DEFAULT_PIDS_LIMIT, DEFAULT_USER, gpu_reques
 from veo_edge.errors import UsageError
 
 SLOT_ENV = "VEO_EDGE_REPLICA_SLOT"
+#: the ports each slot takes on a node (HTTP, gRPC): slot s starts at --port + PORT_STRIDE * (s - 1)
+PORT_STRIDE = 2
 
 
 @dataclass(frozen=True)
@@ -64,9 +69,16 @@ class ServiceOptions:
             raise UsageError(f"--pids-limit {self.pids_limit} must be 0 (no limit) or positive")
         if self.gpus != "all" and "count" not in gpu_request(self.gpus):
             raise UsageError(f"--gpus {self.gpus!r}: a swarm service asks for a count of GPUs, not indices")
-        top = self.port + (self.replicas or 1) * (2 if self.slotted else 1) - 1
+        top = self.port + (self.replicas or 1) * (PORT_STRIDE if self.slotted else 1) - 1
         if top > 65535:
             raise UsageError(f"--port {self.port} with {self.replicas} replicas runs past port 65535")
+        grpc = self.env.get(GRPC_PORT_ENV)
+        if self.slotted and grpc and grpc.isdigit() and (int(grpc) - self.port) % 2 == 0:
+            raise UsageError(
+                f"--grpc-port {grpc} is an even distance from --port {self.port}: replicas on one node "
+                f"listen on interleaved ports (slot s: HTTP {self.port} + 2(s-1), gRPC + 2(s-1)), so "
+                f"another slot would take it for HTTP; give an odd distance (e.g. {self.port + 1}) or -1"
+            )
 
     @property
     def slotted(self) -> bool:
@@ -80,10 +92,9 @@ def constraint(target: str) -> str:
 
 def _env(facts: ImageFacts, opts: ServiceOptions) -> list[str]:
     env = {facts.port_env: str(opts.port)}
-    if opts.slotted:
+    if opts.slotted:  # the interleaved layout (module docstring), the same for any replica count
         env[SLOT_ENV] = "{{.Task.Slot}}"
-        if (opts.replicas or 1) > 1:
-            env[GRPC_PORT_ENV] = str(opts.port + (opts.replicas or 1))
+        env[GRPC_PORT_ENV] = str(opts.port + 1)
     env.update(opts.env)
     return [f"{k}={v}" for k, v in env.items()]
 
