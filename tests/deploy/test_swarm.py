@@ -48,6 +48,8 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     assert c["CapabilityDrop"] == ["ALL"] and c["User"] == "10001:10001" and c["ReadOnly"]
     assert spec["TaskTemplate"]["Resources"]["Limits"]["Pids"] == 1024
     assert "VEO_EDGE_REPLICA_SLOT={{.Task.Slot}}" in c["Env"] and "VEO_EDGE_GRPC_PORT=8001" in c["Env"]
+    tmp = next(m for m in c["Mounts"] if m["Target"] == "/tmp")
+    assert tmp["Type"] == "tmpfs" and tmp["TmpfsOptions"]["SizeBytes"] == 64 * 1024 * 1024
 
     # a good update, then the swarm's own rollback (the Engine API's rollback=previous) back to v1
     r = swarm_deploy(docker_engine, swarm_engine, test_images["v2"], "--name", "fleet", "--replicas", "2",
@@ -94,16 +96,29 @@ def test_a_constraint_no_node_satisfies_is_pending_not_success(
 ) -> None:
     r = swarm_deploy(
         docker_engine, swarm_engine, test_images["v1"], "--name", "orin-fleet", "--target", "orin",
-        "--allow-unsigned",
+        "--selinux-type", "veo_edge_t", "--allow-unsigned",
     )  # fmt: skip
     assert r.returncode == 47, r.stderr
     assert "service orin-fleet is pending" in r.stderr and "veo.target=orin" in r.stderr
     assert all(t["CurrentState"].startswith("Pending") for t in tasks(swarm_engine, "orin-fleet"))
+    # --selinux-type reaches the service (as label=type: does on one device)
+    spec = json.loads(swarm_engine.docker("service", "inspect", "orin-fleet").stdout)[0]["Spec"]
+    privileges = spec["TaskTemplate"]["ContainerSpec"]["Privileges"]
+    assert privileges["SELinuxContext"]["Type"] == "veo_edge_t"
 
 
-def test_swarm_commands_on_an_engine_that_is_no_manager(device_engine) -> None:
+def test_swarm_commands_on_an_engine_that_is_no_manager(docker_engine, device_engine) -> None:
+    from tests.deploy.conftest import build_tiny_image
+
     r = veo("deploy", "status", "fleet", "--swarm", "--to", device_engine.host)
     assert r.returncode == 44 and "not a swarm manager" in r.stderr
+    # a deploy says so before it moves the image (one the device has never had) onto that engine
+    image = build_tiny_image(docker_engine, "veo-test/tiny:not-a-manager", "not-a-manager")
+    r = veo("deploy", image, "--swarm", "--to", device_engine.host, "--allow-unsigned",
+            env={"DOCKER_HOST": docker_engine.host})  # fmt: skip
+    assert r.returncode == 44 and "not a swarm manager" in r.stderr, r.stderr
+    moved = device_engine.docker("image", "inspect", image_id(docker_engine, image), check=False)
+    assert moved.returncode != 0, "the image was transferred to an engine that cannot run the service"
 
 
 def _free_run(n: int) -> int:

@@ -40,9 +40,12 @@ def ship(
         transfer_image,
     )
     from veo_edge.deploy import ship as steps
+    from veo_edge.deploy.swarm import check_manager
     from veo_edge.errors import ImageTrustError
 
     client = address.connect()
+    if isinstance(plan, ServiceOptions):
+        check_manager(client)  # before an image moves onto an engine that cannot run the service
     local = local_engine()
     out = console(stderr=True)
     trust = steps.verify_for_deploy(
@@ -108,8 +111,9 @@ def _print(report: dict, name: str, image: str, to: str, swarm: bool, json_out: 
         typer.echo(report["recovered"])
     trust = f"image ID signed by {report['signed_by']}" if report["verified"] else "UNVERIFIED"
     if swarm:
+        running = [t for t in report["tasks"] if t["desired"] == "running"]
         typer.echo(
-            f"deployed: service {name} {report['action']} on {to}, {len(report['tasks'])} task(s), {image} "
+            f"deployed: service {name} {report['action']} on {to}, {len(running)} task(s), {image} "
             f"({report['bound_to']}, {trust}) healthy"
         )
         return

@@ -217,6 +217,7 @@ def deploy(
             env=run_env,
             memory=memory,
             cpus=cpus,
+            selinux_type=selinux_type,
             **pacing,
             **least,
         )

@@ -60,6 +60,11 @@ class ServiceResult:
         }
 
 
+def check_manager(client: Any) -> None:
+    """Refuse an engine that is not an active swarm manager (before anything is moved onto it)."""
+    _manager(client)
+
+
 def _manager(client: Any) -> None:
     info = client.info()
     swarm = info.get("Swarm") or {}

@@ -29,6 +29,8 @@ from veo_edge.errors import UsageError
 SLOT_ENV = "VEO_EDGE_REPLICA_SLOT"
 #: the ports each slot takes on a node (HTTP, gRPC): slot s starts at --port + PORT_STRIDE * (s - 1)
 PORT_STRIDE = 2
+#: the /tmp tmpfs, as on one device (:mod:`.runopts`)
+TMPFS_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class ServiceOptions:
     pids_limit: int = DEFAULT_PIDS_LIMIT
     gpus: str = "1"
     secrets: tuple[Any, ...] = ()  # docker.types.SecretReference
+    selinux_type: str | None = None
 
     def check(self) -> None:
         if self.replicas is not None and self.replicas < 1:
@@ -112,7 +115,7 @@ def service_spec(facts: ImageFacts, name: str, opts: ServiceOptions, image: str)
     )
     if opts.pids_limit:
         resources.setdefault("Limits", {})["Pids"] = opts.pids_limit
-    privileges = t.Privileges()
+    privileges = t.Privileges(selinux_type=opts.selinux_type)
     if not opts.privilege_escalation:
         privileges["NoNewPrivileges"] = True
     mode = t.ServiceMode("global") if opts.replicas is None else t.ServiceMode("replicated", opts.replicas)
@@ -140,7 +143,7 @@ def service_spec(facts: ImageFacts, name: str, opts: ServiceOptions, image: str)
         "privileges": privileges or None,
         "secrets": list(opts.secrets) or None,
         "mounts": [
-            t.Mount(target="/tmp", source=None, type="tmpfs"),
+            t.Mount(target="/tmp", source=None, type="tmpfs", tmpfs_size=TMPFS_BYTES),
             t.Mount(target=facts.cache_dir, source=f"veo-edge-cache-{name}", type="volume"),
         ],
         "resources": resources,
