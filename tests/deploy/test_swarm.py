@@ -67,6 +67,9 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     )  # fmt: skip
     assert r.returncode == 46, r.stderr
     assert "the swarm rolled service fleet back from veo-test/app:unhealthy" in r.stderr
+    # the task that went unhealthy (shut down by the rollback) is named, with its healthcheck's last word
+    said = r.stderr.replace("\n", " ")
+    assert "/unhealthy: model canary mismatch: max abs 3.2 > 1e-3" in said, r.stderr
     inspect = json.loads(swarm_engine.docker("service", "inspect", "fleet").stdout)[0]
     assert inspect["UpdateStatus"]["State"].startswith("rollback")
     assert inspect["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"] == image_id(

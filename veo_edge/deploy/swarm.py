@@ -88,23 +88,27 @@ def _tasks(service: Any) -> list[dict[str, Any]]:
                 "state": status.get("State"),
                 "error": status.get("Err"),
                 "message": status.get("Message"),
-                "health": _task_health(service.client, status),
+                **_task_health(service.client, status),
             }
         )
     return out
 
 
-def _task_health(client: Any, status: dict[str, Any]) -> str | None:
-    cid = ((status.get("ContainerStatus") or {}).get("ContainerID")) or None
-    if not cid:
-        return None
+def _task_health(client: Any, status: dict[str, Any]) -> dict[str, str | None]:
+    """The health of the task's container (kept after it stopped) and its last healthcheck output."""
     from docker.errors import NotFound
 
+    cid = ((status.get("ContainerStatus") or {}).get("ContainerID")) or None
     try:
-        c = client.containers.get(cid)
+        c = client.containers.get(cid) if cid else None
     except NotFound:
-        return None
-    return ((c.attrs.get("State") or {}).get("Health") or {}).get("Status")
+        c = None
+    health = ((c.attrs.get("State") or {}).get("Health") or {}) if c is not None else {}
+    last = (health.get("Log") or [{}])[-1].get("Output") or ""
+    return {
+        "health": health.get("Status"),
+        "health_output": last.strip().splitlines()[-1] if last.strip() else None,
+    }
 
 
 def _summary(tasks: list[dict[str, Any]]) -> str:
@@ -188,11 +192,12 @@ def _wait(
                 back = _healthy_after_rollback(service, wanted, start + timeout)
                 raise UnhealthyReleaseError(
                     f"the swarm rolled service {service.name} back from {facts.ref}: {update.get('Message')}; "
-                    f"{back}; tasks: {_failures(tasks)}"
+                    f"{back}; tasks: {_failures(_tasks(service), bound) or 'none of its tasks failed'}"
                 )
         elif ustate == "paused":
             raise UnhealthyReleaseError(
-                f"the update of {service.name} to {facts.ref} paused: {update.get('Message')}; tasks: {_failures(tasks)}"
+                f"the update of {service.name} to {facts.ref} paused: {update.get('Message')}; tasks: "
+                f"{_failures(tasks, bound)}"
             )
         current = [t for t in tasks if t["desired"] == "running"]
         pending = [t for t in current if t["state"] == "pending"]
@@ -240,9 +245,22 @@ def _healthy(tasks: list[dict[str, Any]], image: str) -> list[dict[str, Any]]:
     ]
 
 
-def _failures(tasks: list[dict[str, Any]]) -> str:
-    bad = [t for t in tasks if t["state"] in ("failed", "rejected") or t["error"]]
-    return "; ".join(f"{t['id']} {t['state']}: {t['error'] or t['message']}" for t in bad[:4])
+def _failures(tasks: list[dict[str, Any]], image: str | None = None) -> str:
+    """The tasks that failed or were refused, and those of ``image`` shut down unhealthy (what a health
+    rollback leaves: their state is shutdown or complete, their container's health unhealthy), each with
+    the swarm's error or the last healthcheck output."""
+    bad = [
+        t
+        for t in tasks
+        if t["state"] in ("failed", "rejected")
+        or t["error"]
+        or (image is not None and t["image"] == image and t["health"] == "unhealthy")
+    ]
+    return "; ".join(
+        f"{t['id']} {t['state']}{'/' + t['health'] if t['health'] else ''}: "
+        f"{t['error'] or t['health_output'] or t['message']}"
+        for t in bad[:4]
+    )
 
 
 def service_status(client: Any, name: str) -> dict[str, Any]:
