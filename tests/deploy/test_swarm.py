@@ -94,6 +94,68 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     assert r.returncode == 44 and "no service named fleet" in r.stderr, r.stderr
 
 
+def test_a_deploy_that_times_out_or_is_interrupted_does_not_leave_the_new_release_rolling_forward(
+    docker_engine, swarm_engine, test_images
+) -> None:
+    """Exit 46 on a timeout and 130 on SIGTERM are true on a swarm: an updated service is rolled back to
+    the previous release (the swarm would otherwise finish the update), a created one is removed."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    assert (
+        veo("deploy", test_images["v1"], "--swarm", "--to", swarm_engine.host, "--timeout", "0").returncode
+        == 2
+    )
+    r = swarm_deploy(docker_engine, swarm_engine, test_images["v1"], "--name", "undo", "--timeout", "0.5",
+                     "--allow-unsigned")  # fmt: skip
+    assert r.returncode == 46, r.stderr
+    assert "removed service undo, which this deploy created" in r.stderr.replace("\n", " "), r.stderr
+    assert swarm_engine.docker("service", "inspect", "undo", check=False).returncode != 0
+
+    pace = ("--update-monitor", "3", "--update-delay", "1")
+    r = swarm_deploy(docker_engine, swarm_engine, test_images["v1"], "--name", "undo", "--replicas", "2",
+                     "--allow-unsigned", *pace)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    v1 = image_id(docker_engine, test_images["v1"])
+
+    def spec_and_state() -> tuple[str, str]:
+        inspect = json.loads(swarm_engine.docker("service", "inspect", "undo").stdout)[0]
+        image = inspect["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"]
+        return image, (inspect.get("UpdateStatus") or {}).get("State", "")
+
+    # not healthy within --timeout (the update of two tasks takes longer): rolled back, and said so
+    r = swarm_deploy(docker_engine, swarm_engine, test_images["v2"], "--name", "undo", "--timeout", "2",
+                     "--replicas", "2", "--allow-unsigned", *pace)  # fmt: skip
+    said = r.stderr.replace("\n", " ")
+    assert r.returncode == 46, r.stderr
+    assert "was not healthy within 2 s" in said and "asked the swarm to roll it back" in said, r.stderr
+    assert "rolled back: the previous release veo-test/app:v1 is healthy on 2/2 tasks" in said, r.stderr
+    assert spec_and_state() == (v1, "rollback_completed")
+
+    # SIGTERM while the swarm updates: exit 130 with the previous release back
+    code = f"from veo_edge.cli.main import main; main({['deploy', test_images['v2'], '--swarm', '--to', swarm_engine.host, '--name', 'undo', '--replicas', '2', '--allow-unsigned', *pace]!r})"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**__import__("os").environ, "DOCKER_HOST": docker_engine.host})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while spec_and_state()[1] != "updating":
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = err.replace("\n", " ")
+    assert proc.returncode == 130, err
+    assert "interrupted (SIGTERM) while deploying veo-test/app:v2 as service undo" in said, err
+    assert "rolled back: the previous release veo-test/app:v1 is healthy on 2/2 tasks" in said, err
+    assert spec_and_state() == (v1, "rollback_completed")
+    swarm_engine.docker("service", "rm", "undo", check=False)
+
+
 def test_a_constraint_no_node_satisfies_is_pending_not_success(
     docker_engine, swarm_engine, test_images
 ) -> None:

@@ -57,7 +57,9 @@ def deploy(
         help="Its KServe v2 gRPC port (default: the image's, 8001; -1: off). Give each release on one "
         "device its own.",
     ),
-    timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait for the release to be healthy."),
+    timeout: float = typer.Option(
+        300.0, "--timeout", help="Seconds (above 0) to wait for the release to be healthy."
+    ),
     registry: str = typer.Option(
         None, "--registry", help="Push, then pull by digest, through this registry."
     ),
@@ -137,6 +139,8 @@ def deploy(
     from veo_edge.errors import UsageError
 
     trusting = Trusting(verify_key, signature, allow_unsigned)
+    if not timeout > 0:  # 0 would give up before the engine is asked; -1 and nan make no sense either
+        raise UsageError(f"--timeout {timeout:g} must be a number of seconds above 0")
     if args[0] in ACTIONS:
         if len(args) != 2:
             raise UsageError(f"usage: veo-edge deploy {args[0]} NAME --to ENGINE")

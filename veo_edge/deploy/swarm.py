@@ -7,10 +7,16 @@ rolls the service back when an updated task fails (``failure_action=rollback``).
 tasks and the update status and reports what the swarm did; tasks that no node can take are reported as
 pending with the scheduler's reason, never as success.
 
-Several replicas on one node share its network (host networking): each listens on the base port +
-its slot - 1 (``VEO_EDGE_REPLICA_SLOT={{.Task.Slot}}``, read by the entrypoint and the healthcheck), so
-replicas never fight over a port (:mod:`.swarmspec`). The service names the image by its verified ID,
-or ``repo@sha256:...`` when it went through a registry: no node re-resolves a tag.
+Several replicas on one node share its network (host networking): slot s listens on the base port +
+2(s - 1) and gRPC one above (``VEO_EDGE_REPLICA_SLOT={{.Task.Slot}}``, read by the entrypoint and the
+healthcheck), so replicas never fight over a port, whatever their count (:mod:`.swarmspec`). The service
+names the image by its verified ID, or ``repo@sha256:...`` when it went through a registry: no node
+re-resolves a tag.
+
+A deploy that is not healthy within its timeout, or is interrupted (Ctrl-C, SIGTERM, SIGHUP), does not
+leave the swarm rolling the new release forward: it asks the swarm to roll an updated service back (the
+same request as ``deploy rollback --swarm``), or removes a service it created, waits a bounded time, and
+says where the service stands (:mod:`.swarmundo`).
 
 Rollback is the Engine API's own (what ``docker service rollback`` sends): ``POST
 /services/{id}/update?version=N&rollback=previous``. The SDK (docker 7.2.0) has no method for it
@@ -31,10 +37,19 @@ from typing import Any
 from veo_edge.deploy.device import check_name
 from veo_edge.deploy.profiles import NODE_LABEL, ImageFacts
 from veo_edge.deploy.swarmspec import ServiceOptions, constraint, service_spec
-from veo_edge.errors import DeployError, DeployPendingError, UnhealthyReleaseError, UsageError
+from veo_edge.errors import (
+    DeployError,
+    DeployInterruptedError,
+    DeployPendingError,
+    UnhealthyReleaseError,
+    UsageError,
+)
 
 #: the scheduler needs a moment to say "no suitable node"; pending longer than this is reported
 PENDING_GRACE_S = 5.0
+
+#: the longest a deploy waits for the rollback it asked for (after a timeout: at least this, else --timeout)
+UNDO_WAIT_S = 60.0
 
 #: progress callback: (one-line summary of the tasks, seconds waited)
 SwarmProgress = Callable[[str, float], None]
@@ -58,6 +73,10 @@ class ServiceResult:
             "healthy_after_s": round(self.waited_s, 2),
             "bound_to": self.bound,
         }
+
+
+class TimedOut(Exception):
+    """The service was not healthy within the deploy's timeout (what :func:`deploy_service` undoes)."""
 
 
 def check_manager(client: Any) -> None:
@@ -130,8 +149,12 @@ def deploy_service(
     reference when it went through a registry) and wait until every wanted task is running and healthy."""
     from docker.errors import APIError, NotFound
 
+    from veo_edge.deploy.swarmundo import undo
+
     check_name(name)
     opts.check()
+    if not timeout > 0:
+        raise UsageError(f"--timeout {timeout:g} must be a number of seconds above 0")
     _manager(client)
     if not facts.has_healthcheck:
         raise UsageError(
@@ -143,16 +166,28 @@ def deploy_service(
         service = client.services.get(name)
     except NotFound:
         service = None
+    action = "created" if service is None else "updated"
+    version = service.version if service is not None else None
     try:
-        if service is None:
-            service = client.services.create(name=name, **spec)
-            action = "created"
-        else:
-            service.update(name=name, **spec)
-            action = "updated"
-    except APIError as e:
-        raise DeployError(f"the swarm refused service {name}: {e.explanation or e}") from e
-    return _wait(client, service, facts, bound, opts, action, timeout, progress)
+        try:
+            if service is None:
+                service = client.services.create(name=name, **spec)
+            else:
+                service.update(name=name, **spec)
+        except APIError as e:
+            raise DeployError(f"the swarm refused service {name}: {e.explanation or e}") from e
+        return _wait(client, service, facts, bound, opts, action, timeout, progress)
+    except (TimedOut, KeyboardInterrupt) as e:
+        interrupted = isinstance(e, KeyboardInterrupt)
+        # a bounded wait: the rollback takes a monitor window per task, which a short --timeout may not
+        # cover; an interrupted deploy (a service manager's stop timeout) waits at most the minute
+        wait_s = UNDO_WAIT_S if interrupted else max(timeout, UNDO_WAIT_S)
+        state = undo(client, name, version, wait_s, progress)
+        if interrupted:
+            raise DeployInterruptedError(
+                f"interrupted ({e or 'Ctrl-C'}) while deploying {facts.ref} as service {name}; {state}"
+            ) from e
+        raise UnhealthyReleaseError(f"{e}; {state}") from e
 
 
 def _wanted(client: Any, opts: ServiceOptions, target: str) -> int:
@@ -212,9 +247,9 @@ def _wait(
         if len(good) >= wanted and not updating:
             return ServiceResult(service.name, facts.ref, action, tasks, waited, bound)
         if waited >= timeout:
-            raise UnhealthyReleaseError(
+            raise TimedOut(
                 f"service {service.name} was not healthy within {timeout:g} s ({len(good)}/{wanted} tasks "
-                f"healthy on {facts.ref}); tasks: {_failures(tasks) or _summary(tasks)}"
+                f"healthy on {facts.ref}); tasks: {_failures(tasks, bound) or _summary(tasks)}"
             )
         time.sleep(0.5)
 
@@ -281,18 +316,12 @@ def service_status(client: Any, name: str) -> dict[str, Any]:
     }
 
 
-def rollback_service(client: Any, name: str, timeout: float, progress: SwarmProgress | None = None) -> dict:
-    """Ask the swarm to roll the service back to its previous spec and wait for it to settle."""
+def request_rollback(client: Any, service: Any) -> None:
+    """Ask the swarm to roll ``service`` back to its previous spec (the Engine API's ``rollback=previous``,
+    module docstring); returns once the swarm accepted it."""
     import requests
-    from docker.errors import APIError, NotFound, create_api_error_from_http_exception
+    from docker.errors import APIError, create_api_error_from_http_exception
 
-    _manager(client)
-    try:
-        service = client.services.get(name)
-    except NotFound as e:
-        raise DeployError(f"no swarm service named {name} on that engine") from e
-    if not service.attrs.get("PreviousSpec"):
-        raise DeployError(f"service {name} has no previous spec to roll back to (it was never updated)")
     api = client.api
     try:
         # the Engine API's rollback (module docstring), through the SDK's public requests.Session
@@ -306,7 +335,21 @@ def rollback_service(client: Any, name: str, timeout: float, progress: SwarmProg
         except requests.exceptions.HTTPError as e:
             create_api_error_from_http_exception(e)  # raises the SDK's APIError
     except APIError as e:
-        raise DeployError(f"the swarm refused to roll back {name}: {e.explanation or e}") from e
+        raise DeployError(f"the swarm refused to roll back {service.name}: {e.explanation or e}") from e
+
+
+def rollback_service(client: Any, name: str, timeout: float, progress: SwarmProgress | None = None) -> dict:
+    """Ask the swarm to roll the service back to its previous spec and wait for it to settle."""
+    from docker.errors import NotFound
+
+    _manager(client)
+    try:
+        service = client.services.get(name)
+    except NotFound as e:
+        raise DeployError(f"no swarm service named {name} on that engine") from e
+    if not service.attrs.get("PreviousSpec"):
+        raise DeployError(f"service {name} has no previous spec to roll back to (it was never updated)")
+    request_rollback(client, service)
     start = time.monotonic()
     while time.monotonic() - start < timeout:
         service.reload()
