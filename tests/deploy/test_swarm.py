@@ -30,7 +30,7 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     # asserted on the three-replica service below): the swarm rolls back with the rolled-back spec's pace
     pace = ("--update-monitor", "3", "--update-delay", "1")
     r = swarm_deploy(docker_engine, swarm_engine, test_images["v1"], "--name", "fleet", "--replicas", "2",
-                     "--allow-unsigned", *pace)  # fmt: skip
+                     "--port", "18210", "-e", "FLEET_MODE=blue", "--allow-unsigned", *pace)  # fmt: skip
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["action"] == "created"
@@ -47,14 +47,36 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     assert c["Image"] == image_id(docker_engine, test_images["v1"]) and report["bound_to"] == c["Image"]
     assert c["CapabilityDrop"] == ["ALL"] and c["User"] == "10001:10001" and c["ReadOnly"]
     assert spec["TaskTemplate"]["Resources"]["Limits"]["Pids"] == 1024
-    assert "VEO_EDGE_REPLICA_SLOT={{.Task.Slot}}" in c["Env"] and "VEO_EDGE_GRPC_PORT=8001" in c["Env"]
+    # interleaved ports: slot s on 18210 + 2(s-1), gRPC one above, whatever the replica count
+    assert "VEO_EDGE_REPLICA_SLOT={{.Task.Slot}}" in c["Env"] and "VEO_EDGE_PORT=18210" in c["Env"]
+    assert "VEO_EDGE_GRPC_PORT=18211" in c["Env"]
     tmp = next(m for m in c["Mounts"] if m["Target"] == "/tmp")
     assert tmp["Type"] == "tmpfs" and tmp["TmpfsOptions"]["SizeBytes"] == 64 * 1024 * 1024
 
-    # a good update, then the swarm's own rollback (the Engine API's rollback=previous) back to v1
-    r = swarm_deploy(docker_engine, swarm_engine, test_images["v2"], "--name", "fleet", "--replicas", "2",
-                     "--allow-unsigned", *pace)  # fmt: skip
+    # scaling 2 -> 3 changes no task's ports: the env (and so every running task) stays as it was
+    r = swarm_deploy(docker_engine, swarm_engine, test_images["v1"], "--name", "fleet", "--replicas", "3",
+                     "--allow-unsigned")  # fmt: skip
     assert r.returncode == 0, r.stderr
+    scaled = json.loads(swarm_engine.docker("service", "inspect", "fleet").stdout)[0]["Spec"]
+    assert scaled["Mode"]["Replicated"]["Replicas"] == 3
+    assert scaled["TaskTemplate"]["ContainerSpec"]["Env"] == c["Env"]
+    running = [t for t in json.loads(r.stdout)["tasks"] if t["desired"] == "running"]
+    assert sorted(t["slot"] for t in running) == [1, 2, 3] and all(t["health"] == "healthy" for t in running)
+
+    # a good update that gives none of the service's options keeps them (replicas, port, -e, pace), and
+    # says so; the success line counts the tasks meant to run, not the swarm's history
+    r = veo("deploy", test_images["v2"], "--swarm", "--to", swarm_engine.host, "--name", "fleet",
+            "--allow-unsigned", env={"DOCKER_HOST": docker_engine.host}, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "service fleet updated" in r.stdout and ", 3 task(s), " in r.stdout, r.stdout
+    assert "kept from the running service (not given): --replicas 3, --port 18210, -e FLEET_MODE" in r.stdout
+    kept = json.loads(swarm_engine.docker("service", "inspect", "fleet").stdout)[0]["Spec"]
+    assert kept["Mode"]["Replicated"]["Replicas"] == 3
+    assert (kept["UpdateConfig"]["Monitor"], kept["UpdateConfig"]["Delay"]) == (3 * 10**9, 10**9)
+    env = kept["TaskTemplate"]["ContainerSpec"]["Env"]
+    assert {"FLEET_MODE=blue", "VEO_EDGE_PORT=18210", "VEO_EDGE_GRPC_PORT=18211"} <= set(env)
+
+    # then the swarm's own rollback (the Engine API's rollback=previous) back to v1
     r = veo("deploy", "rollback", "fleet", "--swarm", "--to", swarm_engine.host, "--json", timeout=300)
     assert r.returncode == 0, r.stderr
     back = json.loads(r.stdout)
@@ -62,8 +84,7 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     assert back["bound_to"] == image_id(docker_engine, test_images["v1"])
 
     r = swarm_deploy(
-        docker_engine, swarm_engine, test_images["unhealthy"], "--name", "fleet", "--replicas", "2",
-        "--allow-unsigned", *pace,
+        docker_engine, swarm_engine, test_images["unhealthy"], "--name", "fleet", "--allow-unsigned",
     )  # fmt: skip
     assert r.returncode == 46, r.stderr
     assert "the swarm rolled service fleet back from veo-test/app:unhealthy" in r.stderr
@@ -127,7 +148,7 @@ def test_a_deploy_that_times_out_or_is_interrupted_does_not_leave_the_new_releas
 
     # not healthy within --timeout (the update of two tasks takes longer): rolled back, and said so
     r = swarm_deploy(docker_engine, swarm_engine, test_images["v2"], "--name", "undo", "--timeout", "2",
-                     "--replicas", "2", "--allow-unsigned", *pace)  # fmt: skip
+                     "--allow-unsigned")  # fmt: skip
     said = r.stderr.replace("\n", " ")
     assert r.returncode == 46, r.stderr
     assert "was not healthy within 2 s" in said and "asked the swarm to roll it back" in said, r.stderr
@@ -135,7 +156,7 @@ def test_a_deploy_that_times_out_or_is_interrupted_does_not_leave_the_new_releas
     assert spec_and_state() == (v1, "rollback_completed")
 
     # SIGTERM while the swarm updates: exit 130 with the previous release back
-    code = f"from veo_edge.cli.main import main; main({['deploy', test_images['v2'], '--swarm', '--to', swarm_engine.host, '--name', 'undo', '--replicas', '2', '--allow-unsigned', *pace]!r})"
+    code = f"from veo_edge.cli.main import main; main({['deploy', test_images['v2'], '--swarm', '--to', swarm_engine.host, '--name', 'undo', '--allow-unsigned']!r})"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**__import__("os").environ, "DOCKER_HOST": docker_engine.host})  # fmt: skip
     try:

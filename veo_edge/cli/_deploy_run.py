@@ -116,6 +116,8 @@ def _print(report: dict, name: str, image: str, to: str, swarm: bool, json_out: 
             f"deployed: service {name} {report['action']} on {to}, {len(running)} task(s), {image} "
             f"({report['bound_to']}, {trust}) healthy"
         )
+        if report["kept"]:
+            typer.echo(f"kept from the running service (not given): {', '.join(report['kept'])}")
         return
     prev = (
         f" (previous {report['previous_image']} kept stopped as {name}-previous)"

@@ -50,7 +50,12 @@ def deploy(
         None, "--to", help="The target's Docker engine: unix://, ssh://user@host, tcp://host:2376."
     ),
     name: str = typer.Option(None, "--name", help="Container or service name (default: the model's name)."),
-    port: int = typer.Option(8000, "--port", "-p", help="Port the server listens on (host networking)."),
+    port: int = typer.Option(
+        None,
+        "--port",
+        "-p",
+        help="Port the server listens on (host networking; default 8000, or a swarm service's current one).",
+    ),
     grpc_port: int = typer.Option(
         None,
         "--grpc-port",
@@ -166,6 +171,7 @@ def deploy(
     if pacing and not swarm:
         raise UsageError("--update-monitor and --update-delay pace a Swarm service's updates: add --swarm")
     run_env = _env(env)
+    given_port, port = port, 8000 if port is None else port
     if grpc_port is not None:
         from veo_edge.deploy.profiles import GRPC_PORT_ENV
 
@@ -215,6 +221,17 @@ def deploy(
         "gpus": gpus,
     }
     if swarm:
+        # what the command did not give, an update keeps from the running service (defaults: on create)
+        given = {
+            "replicas": replicas is not None or global_mode,
+            "port": given_port is not None,
+            "grpc_port": grpc_port is not None,
+            "env": bool(env),
+            "monitor_s": update_monitor is not None,
+            "update_delay_s": update_delay is not None,
+            "memory": memory is not None,
+            "cpus": cpus is not None,
+        }
         plan = ServiceOptions(
             replicas=None if global_mode else (replicas or 1),
             port=port,
@@ -222,6 +239,7 @@ def deploy(
             memory=memory,
             cpus=cpus,
             selinux_type=selinux_type,
+            keep=frozenset(k for k, v in given.items() if not v),
             **pacing,
             **least,
         )

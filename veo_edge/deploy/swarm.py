@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from veo_edge.deploy.device import check_name
 from veo_edge.deploy.profiles import NODE_LABEL, ImageFacts
-from veo_edge.deploy.swarmspec import ServiceOptions, constraint, service_spec
+from veo_edge.deploy.swarmspec import ServiceOptions, constraint, inherit, service_spec
 from veo_edge.errors import (
     DeployError,
     DeployInterruptedError,
@@ -63,6 +63,7 @@ class ServiceResult:
     tasks: list[dict[str, Any]]
     waited_s: float
     bound: str = ""  # what the service runs: the image ID or repo@sha256:...
+    kept: list[str] = field(default_factory=list)  # options taken from the running service, in words
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -72,6 +73,7 @@ class ServiceResult:
             "tasks": self.tasks,
             "healthy_after_s": round(self.waited_s, 2),
             "bound_to": self.bound,
+            "kept": self.kept,
         }
 
 
@@ -161,11 +163,15 @@ def deploy_service(
             f"image {facts.ref} has no HEALTHCHECK, so the swarm cannot gate its rollout on health"
         )
     bound = image or facts.image_id
-    spec = service_spec(facts, name, opts, bound)
     try:
         service = client.services.get(name)
     except NotFound:
         service = None
+    kept: list[str] = []
+    if service is not None and opts.keep:
+        opts, kept = inherit(opts, service.attrs.get("Spec") or {}, facts.port_env)
+        opts.check()
+    spec = service_spec(facts, name, opts, bound)
     action = "created" if service is None else "updated"
     version = service.version if service is not None else None
     try:
@@ -176,7 +182,7 @@ def deploy_service(
                 service.update(name=name, **spec)
         except APIError as e:
             raise DeployError(f"the swarm refused service {name}: {e.explanation or e}") from e
-        return _wait(client, service, facts, bound, opts, action, timeout, progress)
+        result = _wait(client, service, facts, bound, opts, action, timeout, progress)
     except (TimedOut, KeyboardInterrupt) as e:
         interrupted = isinstance(e, KeyboardInterrupt)
         # a bounded wait: the rollback takes a monitor window per task, which a short --timeout may not
@@ -188,6 +194,8 @@ def deploy_service(
                 f"interrupted ({e or 'Ctrl-C'}) while deploying {facts.ref} as service {name}; {state}"
             ) from e
         raise UnhealthyReleaseError(f"{e}; {state}") from e
+    result.kept = kept
+    return result
 
 
 def _wanted(client: Any, opts: ServiceOptions, target: str) -> int:

@@ -14,10 +14,15 @@ on the replica count, so scaling a service (2 -> 3 replicas) moves no task onto 
 slot 1 keeps 8000/8001 like one device. HTTP ports have ``--port``'s parity and gRPC ports the other, so
 a gRPC port an odd distance from ``--port`` never meets an HTTP port (an even one is refused). Swarm
 templates cannot add numbers, so the entrypoint and the healthcheck do it.
+
+A deploy that updates a service keeps what the command did not give (``ServiceOptions.keep``: replicas or
+mode, port, gRPC port, env, update pace, limits) from the running spec (:func:`inherit`); the defaults
+apply only when it creates the service.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +36,26 @@ SLOT_ENV = "VEO_EDGE_REPLICA_SLOT"
 PORT_STRIDE = 2
 #: the /tmp tmpfs, as on one device (:mod:`.runopts`)
 TMPFS_BYTES = 64 * 1024 * 1024
+#: the options ``ServiceOptions.keep`` may name, as the command line calls them
+KEEPABLE = {
+    "replicas": "--replicas/--global",
+    "port": "--port",
+    "grpc_port": "--grpc-port",
+    "env": "-e",
+    "monitor_s": "--update-monitor",
+    "update_delay_s": "--update-delay",
+    "memory": "--memory",
+    "cpus": "--cpus",
+}
+#: environment a deploy sets itself (ports, the slot, the signer pin, model control): never kept as -e
+MANAGED_ENV = (
+    SLOT_ENV,
+    GRPC_PORT_ENV,
+    "VEO_EDGE_TRUSTED_KEY",
+    "VEO_EDGE_ALLOW_UNSIGNED",
+    "VEO_EDGE_MODEL_CONTROL_MODE",
+    "VEO_EDGE_CONTROL_TOKEN_FILE",
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +80,9 @@ class ServiceOptions:
     gpus: str = "1"
     secrets: tuple[Any, ...] = ()  # docker.types.SecretReference
     selinux_type: str | None = None
+    #: options (KEEPABLE's names) the command did not give: an update takes them from the running service
+    #: (:func:`inherit`) instead of the defaults above; a create uses the defaults
+    keep: frozenset[str] = frozenset()
 
     def check(self) -> None:
         if self.replicas is not None and self.replicas < 1:
@@ -87,6 +115,52 @@ class ServiceOptions:
     def slotted(self) -> bool:
         """Replicas share the node's network: one port per slot."""
         return self.replicas is not None and self.network == "host"
+
+
+def inherit(opts: ServiceOptions, spec: dict[str, Any], port_env: str) -> tuple[ServiceOptions, list[str]]:
+    """``opts`` with the options it ``keep``s taken from the running service's ``spec``, and what was kept,
+    in words (for the report)."""
+    container = (spec.get("TaskTemplate") or {}).get("ContainerSpec") or {}
+    old = dict(e.split("=", 1) for e in container.get("Env") or [] if "=" in e)
+    change: dict[str, Any] = {}
+    kept: list[str] = []
+    if "replicas" in opts.keep:
+        mode = spec.get("Mode") or {}
+        if "Global" in mode:
+            change["replicas"], said = None, "--global"
+        else:
+            change["replicas"] = (mode.get("Replicated") or {}).get("Replicas", opts.replicas)
+            said = f"--replicas {change['replicas']}"
+        kept.append(said)
+    if "port" in opts.keep and (old.get(port_env) or "").isdigit():
+        change["port"] = int(old[port_env])
+        kept.append(f"--port {change['port']}")
+    env = dict(opts.env)
+    if "env" in opts.keep:
+        user = {k: v for k, v in old.items() if k not in MANAGED_ENV and k != port_env}
+        env = {**user, **env}
+        if user:
+            kept.append(f"-e {','.join(sorted(user))}")
+    grpc = old.get(GRPC_PORT_ENV)
+    port = change.get("port", opts.port)
+    fits = grpc is not None and (grpc == "-1" or (grpc.isdigit() and (int(grpc) - port) % 2 == 1))
+    if "grpc_port" in opts.keep and GRPC_PORT_ENV not in env and fits:
+        env[GRPC_PORT_ENV] = grpc  # kept where it fits the interleaved layout, else the default port + 1
+        kept.append(f"--grpc-port {grpc}")
+    change["env"] = env
+    update = spec.get("UpdateConfig") or {}
+    for key, field_ in (("monitor_s", "Monitor"), ("update_delay_s", "Delay")):
+        if key in opts.keep and field_ in update:
+            change[key] = update[field_] / 1e9
+            kept.append(f"{KEEPABLE[key]} {change[key]:g}")
+    limits = (spec.get("TaskTemplate") or {}).get("Resources", {}).get("Limits") or {}
+    if "memory" in opts.keep and limits.get("MemoryBytes"):
+        change["memory"] = str(limits["MemoryBytes"])
+        kept.append(f"--memory {change['memory']}")
+    if "cpus" in opts.keep and limits.get("NanoCPUs"):
+        change["cpus"] = limits["NanoCPUs"] / 1e9
+        kept.append(f"--cpus {change['cpus']:g}")
+    return dataclasses.replace(opts, **change), kept
 
 
 def constraint(target: str) -> str:
