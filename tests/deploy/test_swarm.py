@@ -36,6 +36,7 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     assert report["action"] == "created"
     running = [t for t in report["tasks"] if t["desired"] == "running"]
     assert len(running) == 2 and all(t["state"] == "running" and t["health"] == "healthy" for t in running)
+    first = {t["slot"]: t["id"] for t in running}
     spec = json.loads(swarm_engine.docker("service", "inspect", "fleet").stdout)[0]["Spec"]
     assert spec["TaskTemplate"]["Placement"]["Constraints"] == ["node.labels.veo.target==cpu"]
     assert spec["UpdateConfig"]["FailureAction"] == "rollback" and spec["UpdateConfig"]["Parallelism"] == 1
@@ -53,7 +54,7 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     tmp = next(m for m in c["Mounts"] if m["Target"] == "/tmp")
     assert tmp["Type"] == "tmpfs" and tmp["TmpfsOptions"]["SizeBytes"] == 64 * 1024 * 1024
 
-    # scaling 2 -> 3 changes no task's ports: the env (and so every running task) stays as it was
+    # scaling 2 -> 3 changes no task's ports or spec: the tasks of slots 1 and 2 keep running
     r = swarm_deploy(docker_engine, swarm_engine, test_images["v1"], "--name", "fleet", "--replicas", "3",
                      "--allow-unsigned")  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -62,6 +63,7 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     assert scaled["TaskTemplate"]["ContainerSpec"]["Env"] == c["Env"]
     running = [t for t in json.loads(r.stdout)["tasks"] if t["desired"] == "running"]
     assert sorted(t["slot"] for t in running) == [1, 2, 3] and all(t["health"] == "healthy" for t in running)
+    assert {t["slot"]: t["id"] for t in running if t["slot"] in first} == first
 
     # a good update that gives none of the service's options keeps them (replicas, port, -e, pace), and
     # says so; the success line counts the tasks meant to run, not the swarm's history

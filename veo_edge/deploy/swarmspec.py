@@ -36,6 +36,10 @@ SLOT_ENV = "VEO_EDGE_REPLICA_SLOT"
 PORT_STRIDE = 2
 #: the /tmp tmpfs, as on one device (:mod:`.runopts`)
 TMPFS_BYTES = 64 * 1024 * 1024
+#: what Docker 20.10 fills in on every service update (10 s, no DNS options), given on create too: a task
+#: spec that differs only by them made an update with the same task spec (a scale, a re-deploy) replace
+#: every running task
+STOP_GRACE_NS = 10 * 10**9
 #: the options ``ServiceOptions.keep`` may name, as the command line calls them
 KEEPABLE = {
     "replicas": "--replicas/--global",
@@ -210,6 +214,8 @@ def service_spec(facts: ImageFacts, name: str, opts: ServiceOptions, image: str)
             parallelism=1, order="stop-first", monitor=int(opts.monitor_s * 1e9)
         ),
         "restart_policy": t.RestartPolicy(condition="any", delay=int(1e9)),
+        "stop_grace_period": STOP_GRACE_NS,
+        "dns_config": t.DNSConfig(),
         "read_only": True,
         "user": opts.user,
         "cap_drop": ["ALL"],
