@@ -102,6 +102,10 @@ def test_a_service_becomes_healthy_and_the_swarm_rolls_a_bad_update_back(
     r = veo("deploy", "status", "fleet", "--swarm", "--to", swarm_engine.host, "--json")
     assert r.returncode == 0, r.stderr
 
+    # asked without --swarm, the one-device actions say that a service of that name runs there
+    r = veo("deploy", "status", "fleet", "--to", swarm_engine.host)
+    assert r.returncode == 44 and "a swarm service fleet runs there: add --swarm" in r.stderr, r.stderr
+
     # deploy remove --swarm: the service and its tasks' containers go, the cache volume stays until asked
     r = veo("deploy", "remove", "fleet", "--swarm", "--to", swarm_engine.host, "--json", timeout=120)
     assert r.returncode == 0, r.stderr
