@@ -145,6 +145,11 @@ def test_inspect_shows_a_build_with_a_missing_artifact_and_fails(copy_build, nan
     r = veo("inspect", build)
     assert r.returncode == 7, r.stderr
     assert "artifact openvino_bin (openvino/model.bin) is missing" in r.stdout  # shown with the rest
+    # the parity proof the README promises: each backend's worst error against its tolerance
+    parity = next(
+        line for line in r.stdout.splitlines() if "parity vs float64 PyTorch at batch 1, 8:" in line
+    )
+    assert "onnxruntime max abs" in parity and "openvino max abs" in parity and "(passed)" in parity
     assert r.stderr.strip().splitlines()[-1].startswith(f"error: build {build} is incomplete: artifact")
     r = veo("inspect", build, "--json")
     assert r.returncode == 7

@@ -37,6 +37,9 @@ def inspect(
             **((m.get("canary") or {}).get("precisions") or {}),
         },
         "export": m.get("export"),
+        "parity": m.get("parity"),
+        # what the model serves when it is not its class scores (CLIP's image_embeds, a pooled output)
+        "serves": ((m["model"].get("config") or {}).get("output")),
         "labels": m.get("labels"),
         "preprocess": m.get("preprocess"),
         "artifacts": sorted(m.get("artifacts", {})),
@@ -68,7 +71,11 @@ def _show(b, summary: dict, report) -> None:
         f"  input {summary['input_shape']}, max batch {summary['max_batch']}, {summary['precision']}, "
         f"exported by {exp.get('exporter')} at opset {exp.get('opset')}"
     )
+    if summary["serves"]:
+        c.print(f"  serves: {summary['serves']} (features, not class scores)", markup=False)
     c.print(f"  artifacts: {', '.join(summary['artifacts'])}")
+    if summary["parity"]:
+        c.print(f"  {_parity_line(summary['parity'])}", soft_wrap=True, markup=False)
     for problem in summary["artifact_problems"]:
         c.print(f"  {problem}", style="bold red", soft_wrap=True, markup=False)
     _print_inputs(c, summary)
@@ -96,6 +103,22 @@ def _show(b, summary: dict, report) -> None:
     for line in report.lines():
         if not line.startswith(("VeoAttention:", "VeoPatchEmbedLayerNorm:")):
             c.print(f"  {line}", soft_wrap=True, markup=False)
+
+
+def _parity_line(rows: list) -> str:
+    """The parity proof in one line: per backend its worst error against the float64 PyTorch reference,
+    beside the tolerance it had, over the batch sizes checked."""
+    parts = []
+    for backend in dict.fromkeys(r["candidate"] for r in rows):
+        mine = [r for r in rows if r["candidate"] == backend]
+        worst = max(mine, key=lambda r: r["max_abs"] / r["tolerance"])
+        ok = "passed" if all(r["passed"] for r in mine) else "FAILED"
+        parts.append(
+            f"{backend} max abs {worst['max_abs']:.3g} <= {worst['tolerance']:.3g}, cosine >= "
+            f"{min(r['min_cosine'] for r in mine):.6f} ({ok})"
+        )
+    batches = sorted({r["batch"] for r in rows})
+    return f"parity vs float64 PyTorch at batch {', '.join(map(str, batches))}: {'; '.join(parts)}"
 
 
 def _print_inputs(c, summary: dict) -> None:
