@@ -535,3 +535,33 @@ def test_a_hub_id_outside_the_cache_says_how_to_provide_the_directory(tmp_path, 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ModelLoadError, match=r"not in the local Hugging Face cache .* pass --hf DIR"):
         HuggingFaceSource("google/vit-base-patch16-224").load()
+
+
+def test_half_precision_checkpoints_load_in_float32_and_missing_weights_are_refused(tmp_path) -> None:
+    """transformers 5 loads weights in their saved dtype: an fp16 checkpoint exported an fp16 graph no
+    input could reach and a bf16 one failed in the exporter; both load in float32 and answer as the
+    float32 model does. A weight the checkpoint lacks (a head on a base checkpoint, a deleted tensor)
+    would be random: refused, named."""
+    from veo_edge.models.huggingface import load
+
+    tf = transformers
+    x = torch.randn(2, 3, 32, 32)
+    reference = save_checkpoint("vit", tmp_path / "fp32")
+    with torch.no_grad():
+        want = tf.ViTForImageClassification.from_pretrained(reference).eval()(pixel_values=x).logits
+    for dtype in (torch.float16, torch.bfloat16):
+        ckpt = tmp_path / str(dtype).split(".")[-1]
+        tf.ViTForImageClassification.from_pretrained(reference).to(dtype).save_pretrained(ckpt)
+        tf.AutoImageProcessor.from_pretrained(reference).save_pretrained(ckpt)
+        hf = load(str(ckpt))
+        assert {p.dtype for p in hf.module.parameters()} == {torch.float32}, dtype
+        with torch.no_grad():
+            torch.testing.assert_close(hf.module(x), want, atol=0.05, rtol=0.05)  # the weights' rounding
+    # a base checkpoint whose config names a classification head
+    base = tmp_path / "base"
+    tf.ViTModel(tf.ViTConfig(image_size=32, patch_size=8, **SMALL)).save_pretrained(base)
+    tf.AutoImageProcessor.from_pretrained(reference).save_pretrained(base)
+    config = json.loads((base / "config.json").read_text())
+    (base / "config.json").write_text(json.dumps({**config, "architectures": ["ViTForImageClassification"]}))
+    with pytest.raises(ModelLoadError, match=r"lacks 2 of ViTForImageClassification's weights \(classifier"):
+        load(str(base))

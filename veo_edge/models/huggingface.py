@@ -224,7 +224,13 @@ def served_module(model: nn.Module, output: str) -> nn.Module:
 def _load_module(
     tf: Any, path: Path, config: Any, kind: str, arch: str, attn: str | None, shape: tuple[int, ...]
 ) -> tuple[nn.Module, str, str]:
-    kw: dict[str, Any] = {} if attn is None else {"attn_implementation": attn}
+    import torch
+
+    # float32 whatever the weights were saved in: transformers 5 loads a checkpoint in its saved dtype,
+    # and an fp16 one exported an fp16 graph no input could reach, a bf16 one failed in the exporter
+    kw: dict[str, Any] = {"dtype": torch.float32}
+    if attn is not None:
+        kw["attn_implementation"] = attn
     if arch.endswith("ForImageClassificationWithTeacher") or arch.endswith("ForImageClassification"):
         cls = getattr(tf, arch, None) or tf.AutoModelForImageClassification
         output = "logits"
@@ -262,11 +268,15 @@ def _load_module(
         hf_logging.set_verbosity(verbosity)
         if bar:
             hf_logging.enable_progress_bar()
-    missing = sorted(info.get("missing_keys") or ()) if tower else []
+    # a weight the checkpoint lacks is random (transformers initialises it and goes on): a head on a base
+    # checkpoint, a deleted tensor. Only the mask token, which inference never uses, may be absent
+    missing = sorted(k for k in info.get("missing_keys") or () if not k.endswith("mask_token"))
     if missing:
         raise ModelLoadError(
             f"--hf {path}: the checkpoint lacks {len(missing)} of {cls.__name__}'s weights "
-            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); they would be random. A base "
+            "checkpoint has no classification head: give the architecture it was saved as (config.json's "
+            "'architectures'), or one trained with a head"
         )
     positions_at(model, (shape[-2], shape[-1]))
     if not output:
