@@ -87,6 +87,7 @@ def test_doctor_lives_through_a_package_that_crashes_at_import(tmp_path):
         (["build", "--model", "vit-nano", "--onnx", "x.onnx"], 2, "--model and --onnx were both given"),
         (["build", "--max-batch", "0", "--model", "vit-nano"], 2, "--max-batch 0 is out of range"),
         (["build", "--input-shape", "3,a", "--module", "a:b"], 2, "is not a list of positive integers"),
+        (["build", "--hf", "d", "--input-shape", "3,64,64"], 2, "--input-shape goes with --module; a --hf"),
         (["infer", "nowhere"], 7, "build directory nowhere does not exist"),
         (
             ["serve", "nowhere", "--threads", "-2"],

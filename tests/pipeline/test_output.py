@@ -110,8 +110,9 @@ def test_a_parent_that_is_a_file_is_named(tmp_path):
 
 @pytest.mark.parametrize("flag", ["--onnx", "--checkpoint"])
 def test_a_model_path_naming_a_directory_says_so(flag, nano_build, tmp_path):
-    extra = ("--module", "no_such_module:make") if flag == "--checkpoint" else ()  # checked before the import
-    r = veo("build", "-q", *extra, flag, nano_build, "--out", tmp_path / "o", "--input-shape", "3,32,32")
+    # checked before the import
+    extra = ("--module", "no_such_module:make", "--input-shape", "3,32,32") if flag == "--checkpoint" else ()
+    r = veo("build", "-q", *extra, flag, nano_build, "--out", tmp_path / "o")
     assert r.returncode == MODEL_LOAD, r.stderr
     line = one_line(r)
     assert (

@@ -91,6 +91,12 @@ def build(
             f"--checkpoint goes with --module or --model, not {'--onnx' if onnx else '--hf'} "
             "(it has its weights)"
         )
+    if input_shape is not None and module is None:
+        given = "--onnx" if onnx else "--hf" if hf else "--model"
+        raise UsageError(
+            f"--input-shape goes with --module; a {given} build takes the input its model declares "
+            f"({'the ONNX graph' if onnx else 'the checkpoint config and processor' if hf else 'the built-in model'})"
+        )
     if attn_implementation is not None:
         if hf is None:
             raise UsageError("--attn-implementation goes with --hf")
