@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -169,6 +170,11 @@ def serve(
     # the server's own start, readiness and stop lines are INFO (what alerting on WARNING should not
     # see); the libraries' and the runtime's per-batch ones stay at WARNING
     logging.getLogger("veo_edge.serve").setLevel(logging.INFO)
+    if os.environ.get("VEO_EDGE_FAULTS"):  # a drill left in a production environment must not go unnoticed
+        logging.getLogger("veo_edge.serve").warning(
+            "fault injection is on: VEO_EDGE_FAULTS=%s (for tests and drills; unset it to serve)",
+            os.environ["VEO_EDGE_FAULTS"],
+        )
     options = ServeOptions(
         host=host,
         port=port,

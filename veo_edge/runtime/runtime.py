@@ -79,8 +79,6 @@ class Runtime:
         self.fallback = fallback
         self.names, disabled = resolve_policy(backend, policy, fallback)
         self.faults = parse_faults(faults, BACKENDS)
-        if self.faults:  # a drill left in a production environment must not go unnoticed
-            log.warning("fault injection is on (VEO_EDGE_FAULTS or faults=): %s", self.faults)
         # the time rules' clock (default: monotonic seconds since now); a soak passes its run time
         self._fault_plan = FaultPlan(self.faults, clock=fault_clock)
         self.gpu_memory_budget = parse_memory_size(gpu_memory_budget)
