@@ -84,6 +84,9 @@ class BatcherStats:
     request_us_total: float = 0.0
     queue_us_total: float = 0.0
     compute_us_total: float = 0.0
+    #: batch size -> total time (us) the batches of that size ran (the call that runs them, gathering
+    #: excluded): Triton's batch_stats; each of a batch's samples carries the same time on its future
+    batch_compute_us: dict[int, float] = field(default_factory=dict)
     max_wait_us: float = 0.0  # the longest any batch's first sample waited before dispatch
     #: why batches closed: "full" (max_batch, or with several slots this slot's share of the samples
     #: queued, expected and running), "nothing_expected" (at once, or once the expected samples came or
@@ -361,6 +364,7 @@ class Batcher:
             x = self._buffer(len(items), slot)
             for i, it in enumerate(items):
                 x[i] = it.sample
+        run_start = time.perf_counter_ns()
         try:
             y = self.run_batch(x)
             error: BaseException | None = None
@@ -388,11 +392,12 @@ class Batcher:
             s.queue_us_total += queue_ns / 1e3
             s.request_us_total += request_ns / 1e3
             s.compute_us_total += (end - start) / 1e3
+            s.batch_compute_us[len(items)] = s.batch_compute_us.get(len(items), 0.0) + (end - run_start) / 1e3
             s.max_wait_us = max(s.max_wait_us, (start - items[0].enqueued_ns) / 1e3)
             s.close_reasons[reason] = s.close_reasons.get(reason, 0) + 1
         for i, it in enumerate(items):
             # what the sample waited and the batch it ran in took: a server counts its requests by them
-            it.future.timing = (start - it.enqueued_ns, end - start)  # type: ignore[attr-defined]
+            it.future.timing = (start - it.enqueued_ns, end - run_start)  # type: ignore[attr-defined]
             if error is None:
                 it.future.set_result(np.array(y[i], copy=True))
             else:

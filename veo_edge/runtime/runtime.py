@@ -131,8 +131,6 @@ class Runtime:
         )
         self._state_lock = threading.Lock()
         self._sync = SyncCounters()
-        #: batch size -> total compute time (us) of the batches of that size, both paths (Triton batch_stats)
-        self._batch_compute_us: dict[int, float] = {}
         self._last_inference_ms = 0
         self._batcher: Batcher | None = None
         self._started = False
@@ -335,15 +333,10 @@ class Runtime:
 
     def _run_batch(self, x: np.ndarray, counted: bool = True) -> np.ndarray:
         """Run one batch on the active backend (switching on its failure, see :class:`Fallback`)."""
-        start = time.perf_counter_ns()
         out = self._backends.run({self.input_name: x}, self.output_name)
-        if not counted:
-            return out
-        us = (time.perf_counter_ns() - start) / 1e3
-        with self._state_lock:
-            n = len(x)
-            self._batch_compute_us[n] = self._batch_compute_us.get(n, 0.0) + us
-            self._last_inference_ms = int(time.time() * 1000)
+        if counted:  # its time is counted by its caller (the batcher, or infer) with its size
+            with self._state_lock:
+                self._last_inference_ms = int(time.time() * 1000)
         return out
 
     def _recover_tick(self) -> None:
@@ -389,7 +382,6 @@ class Runtime:
         counters = self._backends.counters()  # faults, retries, switches, standby
         with self._state_lock:
             out = self._sync.add(b)
-            compute = dict(sorted(self._batch_compute_us.items()))
             last = self._last_inference_ms
         target = getattr(self._backends.runner, "inner", self._backends.runner)
         pool = target.pool_stats() if target is not None and hasattr(target, "pool_stats") else None
@@ -397,7 +389,6 @@ class Runtime:
             **out,
             "pending": self._batcher.pending if self._batcher is not None else 0,
             **counters,
-            "batch_compute_us": compute,
             "last_inference_ms": last,
             "active_backend": self.active_backend,
             "memory_pool": pool,

@@ -93,6 +93,7 @@ class SyncCounters(BatcherStats):
         """One batch of ``n`` samples that took ``us`` microseconds (the caller holds its lock)."""
         self.batches += 1
         self.batch_size_counts[n] = self.batch_size_counts.get(n, 0) + 1
+        self.batch_compute_us[n] = self.batch_compute_us.get(n, 0.0) + us
         if ok:
             self.requests_success += n
         else:
@@ -104,13 +105,17 @@ class SyncCounters(BatcherStats):
         sizes = dict(self.batch_size_counts)
         for k, v in other.batch_size_counts.items():
             sizes[k] = sizes.get(k, 0) + v
-        dicts = ("batch_size_counts", "close_reasons")
+        compute = dict(self.batch_compute_us)
+        for k, us in other.batch_compute_us.items():
+            compute[k] = compute.get(k, 0.0) + us
+        dicts = ("batch_size_counts", "close_reasons", "batch_compute_us")
         out = {k: getattr(self, k) + getattr(other, k) for k in vars(self) if k not in dicts}
         out["max_wait_us"] = max(self.max_wait_us, other.max_wait_us)
         # the synchronous path forms no batches: only the batcher's batches have close reasons
         return {
             **out,
             "batch_size_counts": dict(sorted(sizes.items())),
+            "batch_compute_us": dict(sorted(compute.items())),
             "close_reasons": dict(other.close_reasons),
         }
 
