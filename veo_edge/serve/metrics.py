@@ -19,14 +19,9 @@ _NVML_LOCK = threading.Lock()
 
 
 _IDLE_STATS: dict[str, Any] = {
-    "requests_success": 0,
-    "requests_failure": 0,
     "batch_size_counts": {},
     "close_reasons": {},
     "batches": 0,
-    "request_us_total": 0.0,
-    "queue_us_total": 0.0,
-    "compute_us_total": 0.0,
     "pending": 0,
     "fallback_switches": 0,
     "faults": {},
