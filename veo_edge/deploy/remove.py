@@ -98,10 +98,10 @@ def remove_service(client: Any, name: str, volumes: bool = False, timeout: float
     removal before left (its secrets, its cache volume with ``volumes``) is removed without a service."""
     from docker.errors import APIError, NotFound
 
-    from veo_edge.deploy.swarm import _manager
+    from veo_edge.deploy.swarm import check_manager
 
     check_name(name)
-    _manager(client)
+    check_manager(client)
     cache = CACHE_VOLUME.format(name)
     secrets = client.secrets.list(filters={"label": f"{LABEL_DEPLOY}={name}"})
     removed = []

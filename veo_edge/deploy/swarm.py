@@ -83,10 +83,6 @@ class TimedOut(Exception):
 
 def check_manager(client: Any) -> None:
     """Refuse an engine that is not an active swarm manager (before anything is moved onto it)."""
-    _manager(client)
-
-
-def _manager(client: Any) -> None:
     info = client.info()
     swarm = info.get("Swarm") or {}
     if swarm.get("LocalNodeState") != "active" or not swarm.get("ControlAvailable"):
@@ -157,7 +153,7 @@ def deploy_service(
     opts.check()
     if not timeout > 0:
         raise UsageError(f"--timeout {timeout:g} must be a number of seconds above 0")
-    _manager(client)
+    check_manager(client)
     if not facts.has_healthcheck:
         raise UsageError(
             f"image {facts.ref} has no HEALTHCHECK, so the swarm cannot gate its rollout on health"
@@ -309,7 +305,7 @@ def _failures(tasks: list[dict[str, Any]], image: str | None = None) -> str:
 def service_status(client: Any, name: str) -> dict[str, Any]:
     from docker.errors import NotFound
 
-    _manager(client)
+    check_manager(client)
     try:
         service = client.services.get(name)
     except NotFound as e:
@@ -350,7 +346,7 @@ def rollback_service(client: Any, name: str, timeout: float, progress: SwarmProg
     """Ask the swarm to roll the service back to its previous spec and wait for it to settle."""
     from docker.errors import NotFound
 
-    _manager(client)
+    check_manager(client)
     try:
         service = client.services.get(name)
     except NotFound as e:
