@@ -48,6 +48,38 @@ class HttpCall:
         headers = {"Inference-Header-Content-Length": str(hlen), "Content-Type": "application/octet-stream"}
         return cls(port, "POST", f"/v2/models/{bd.model_name}/infer", body, headers)
 
+    @classmethod
+    def infer_shm(cls, build: Path, port: int) -> HttpCall:
+        """A batch-1 JSON infer request whose input and output lie in system shared memory (as
+        perf_analyzer's ``--shared-memory system`` sends it; the server run with ``--shared-memory``):
+        two regions made and registered here, unregistered and removed at :meth:`close`."""
+        import json
+
+        import tritonclient.utils.shared_memory as shm
+
+        from veo_edge.builddir import BuildDir
+
+        bd, x = BuildDir.open(build), sample(build, 1)
+        (i, o), tag = (bd.manifest[k][0]["name"] for k in ("inputs", "outputs")), f"{os.getpid()}-{port}"
+        regions, refs = [], []
+        for name, size in ((f"in-{tag}", x.nbytes), (f"out-{tag}", 64 << 10)):
+            handle = shm.create_shared_memory_region(name, f"/bench-{name}", size)
+            regions.append((name, handle))
+            reg = json.dumps({"key": f"/bench-{name}", "offset": 0, "byte_size": size}).encode()
+            if (
+                status := HttpCall(port, "POST", f"/v2/systemsharedmemory/region/{name}/register", reg)()
+            ) != "200":
+                raise RuntimeError(f"registering {name} answered {status}: serve with --shared-memory")
+            refs.append({"shared_memory_region": name, "shared_memory_byte_size": size})
+        shm.set_shared_memory_region(regions[0][1], [x])
+        body = {
+            "inputs": [{"name": i, "shape": list(x.shape), "datatype": "FP32", "parameters": refs[0]}],
+            "outputs": [{"name": o, "parameters": refs[1]}],
+        }
+        call = cls(port, "POST", f"/v2/models/{bd.model_name}/infer", json.dumps(body).encode())
+        call.regions, call.shm = regions, shm
+        return call
+
     def __call__(self) -> str:
         try:
             self.conn.request(*self.args)
@@ -60,6 +92,9 @@ class HttpCall:
             raise
 
     def close(self) -> None:
+        for name, handle in getattr(self, "regions", ()):
+            HttpCall(self.conn.port, "POST", f"/v2/systemsharedmemory/region/{name}/unregister")()
+            self.shm.destroy_shared_memory_region(handle)
         self.conn.close()
 
 

@@ -25,7 +25,7 @@ import harness as h
 import raw_ov
 import report
 
-ARMS = ("raw", "raw-static", "runtime", "http", "tritonclient", "old", "new")
+ARMS = ("raw", "raw-static", "runtime", "http", "http-shm", "tritonclient", "old", "new")
 
 
 def cmd_pairs(args) -> None:
@@ -33,7 +33,8 @@ def cmd_pairs(args) -> None:
     raw (a LATENCY compile of the served IR, sync, in this process: the 1-client target's reference),
     raw-static (its batch axis fixed at 1, as ADAPTIVE serves a lone sample), runtime (Runtime.submit in
     this process, no batching window), http (`veo-edge serve` through http.client, a binary request as
-    perf_analyzer sends it), tritonclient (the same server through tritonclient), old and new (one
+    perf_analyzer sends it), http-shm (the same server, a JSON request naming system shared-memory
+    regions, as perf_analyzer's --shared-memory system sends it), tritonclient (the same server through tritonclient), old and new (one
     server per tree, --old and --new). Reported per run: each arm's percentiles and, for every two arms,
     the median of the paired differences with a bootstrap 95 % interval. The servers start in the arms'
     order, reversed every other run: the net effect is the mean of the two orders' means, half their
@@ -109,8 +110,8 @@ def _pairs_run(args, build: Path, order: list[str], seed: int) -> dict[str, list
                     veo_edge.Runtime(build, max_queue_delay_ms=0.0, performance_hint=args.hint)
                 )
                 calls[arm] = lambda rt=rt: rt.submit(x[0]).result(timeout=60)
-            elif arm in ("http", "tritonclient") and "srv" not in calls:
-                calls["srv"] = stack.enter_context(h.server(build, *serve))
+            elif arm in ("http", "http-shm", "tritonclient") and "srv" not in calls:
+                calls["srv"] = stack.enter_context(h.server(build, *serve, "--shared-memory"))
             elif arm in ("old", "new"):
                 srv = stack.enter_context(
                     h.server(build, *serve, tree=args.old if arm == "old" else args.new)
@@ -118,14 +119,13 @@ def _pairs_run(args, build: Path, order: list[str], seed: int) -> dict[str, list
                 calls[arm] = stack.enter_context(contextlib.closing(clients.HttpCall.infer(build, srv.http)))
                 ports.append(srv.http)
         if srv := calls.pop("srv", None):
-            for arm in ("http", "tritonclient"):
-                if arm in order:
-                    call = (
-                        clients.HttpCall.infer(build, srv.http)
-                        if arm == "http"
-                        else clients.TritonCall("http", srv.http, name, x)
-                    )
-                    calls[arm] = stack.enter_context(contextlib.closing(call))
+            make = {
+                "http": lambda: clients.HttpCall.infer(build, srv.http),
+                "http-shm": lambda: clients.HttpCall.infer_shm(build, srv.http),
+                "tritonclient": lambda: clients.TritonCall("http", srv.http, name, x),
+            }
+            for arm in [a for a in make if a in order]:
+                calls[arm] = stack.enter_context(contextlib.closing(make[arm]()))
             ports.append(srv.http)
         for port in ports if args.burst else ():
             clients.closed_loop(
