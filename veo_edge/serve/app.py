@@ -3,7 +3,8 @@
 :class:`InferenceService` holds the model, its runtime, readiness, statistics, the model repository and
 ``infer`` on numpy arrays; the HTTP front end (:mod:`veo_edge.serve.http`) and any other (gRPC) call the
 same methods. Errors a client caused or must see are :class:`~veo_edge.serve.protocol.ProtocolError`
-with an HTTP status (a transport maps it to its own codes).
+with an HTTP status (a transport maps it to its own codes); :mod:`veo_edge.serve.outcomes` says which
+the runtime's refusals and failures become.
 
 Readiness (:mod:`veo_edge.serve.readiness`) = a runtime with an active backend, on which the golden canary
 matched, and no backend failure since it last matched; the service re-checks in the background until the
@@ -24,10 +25,9 @@ from typing import Any
 import numpy as np
 
 from veo_edge import __version__
-from veo_edge.errors import InputError, NoBackendError, OverloadedError, VeoEdgeError
+from veo_edge.errors import VeoEdgeError
 from veo_edge.export.canary import CanaryResult
-from veo_edge.runtime.batching import ClosedError
-from veo_edge.serve import extensions
+from veo_edge.serve import extensions, outcomes
 from veo_edge.serve.alone import LoneRequests
 from veo_edge.serve.control import AccessPolicy
 from veo_edge.serve.health import encode_canary, load_canary
@@ -370,17 +370,10 @@ class InferenceService:
             futures = self.alone.run(runtime, x, arrival, self.model.name)
             # all of the request's samples at once (or none), so that they can share one batch
             futures = futures or runtime.submit_many(x, arrival)
-        except OverloadedError as e:
-            self.counters.infer_rejected["REJECTED"] += 1
-            raise ProtocolError(f"overloaded: {e}", 503) from e
-        except InputError as e:
-            self.counters.infer_rejected["INVALID"] += 1
-            raise ProtocolError(str(e), 400) from e
-        except VeoEdgeError as e:  # closed runtime, no backend
-            self.counters.infer_rejected["UNAVAILABLE"] += 1
-            raise ProtocolError(f"the model cannot take requests now: {e}", 503) from e
+        except VeoEdgeError as e:
+            raise outcomes.refused(e, self.counters.infer_rejected) from e
         try:
-            results = await self._results(futures)
+            results = await outcomes.answers(futures, self.options.infer_timeout_s, self.check)
         except ProtocolError as e:
             if e.status != 400:  # failed after its samples were submitted: in the model, or too late
                 self.counters.times.failure += 1
@@ -391,27 +384,3 @@ class InferenceService:
         out = np.stack(results) if len(results) > 1 else results[0][None]
         self.infer_answered += 1
         return {model.outputs[0].name: out}
-
-    async def _results(self, futures: list[Any]) -> list[np.ndarray]:
-        """The submitted samples' answers, or the ProtocolError their failure is (as the transports
-        answer it)."""
-        try:
-            if len(futures) == 1 and futures[0].done():  # ran here, on the loop
-                return [futures[0].result()]
-            return await asyncio.wait_for(
-                asyncio.gather(*(asyncio.wrap_future(f) for f in futures)), self.options.infer_timeout_s
-            )
-        except asyncio.TimeoutError as e:
-            raise ProtocolError(
-                f"inference did not finish within {self.options.infer_timeout_s} s", 504
-            ) from e
-        except OverloadedError as e:
-            raise ProtocolError(f"overloaded: {e}", 503) from e
-        except (ClosedError, NoBackendError) as e:
-            self.check.backend_failed(str(e))
-            raise ProtocolError(f"the model cannot take requests now: {e}", 503) from e
-        except InputError as e:
-            raise ProtocolError(str(e), 400) from e
-        except VeoEdgeError as e:
-            self.check.backend_failed(f"{type(e).__name__}: {e}")
-            raise ProtocolError(f"inference failed: {e}", 500) from e

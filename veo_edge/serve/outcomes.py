@@ -1,0 +1,55 @@
+"""What a client is told when the runtime refuses or fails its request: the runtime's errors as the
+:class:`~veo_edge.serve.protocol.ProtocolError` (with an HTTP status) every transport answers, and the
+awaiting of a request's samples (:meth:`InferenceService.infer <veo_edge.serve.app.InferenceService.infer>`).
+
+Refused at submission: overloaded 503 (``REJECTED``), bad input 400 (``INVALID``), closed or no backend
+503 (``UNAVAILABLE``). Failed after submission: too late 504, overloaded 503, closed or no backend 503,
+bad input 400, any other backend failure 500; the last two kinds mark the model not ready until its
+canary matches again (:class:`~veo_edge.serve.readiness.ReadinessCheck`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from veo_edge.errors import InputError, NoBackendError, OverloadedError, VeoEdgeError
+from veo_edge.runtime.batching import ClosedError
+from veo_edge.serve.protocol import ProtocolError
+
+
+def refused(e: VeoEdgeError, rejected: Counter[str]) -> ProtocolError:
+    """The answer to a request the runtime would not take (``e`` from submitting it), counted in
+    ``rejected`` by Triton's failure reason."""
+    if isinstance(e, OverloadedError):
+        rejected["REJECTED"] += 1
+        return ProtocolError(f"overloaded: {e}", 503)
+    if isinstance(e, InputError):
+        rejected["INVALID"] += 1
+        return ProtocolError(str(e), 400)
+    rejected["UNAVAILABLE"] += 1  # closed runtime, no backend
+    return ProtocolError(f"the model cannot take requests now: {e}", 503)
+
+
+async def answers(futures: list[Any], timeout_s: float, check: Any) -> list[np.ndarray]:
+    """The submitted samples' answers, or the ProtocolError their failure is; ``check``: the model's
+    :class:`~veo_edge.serve.readiness.ReadinessCheck`, told of a backend failure."""
+    try:
+        if len(futures) == 1 and futures[0].done():  # ran here, on the loop
+            return [futures[0].result()]
+        return await asyncio.wait_for(asyncio.gather(*(asyncio.wrap_future(f) for f in futures)), timeout_s)
+    except asyncio.TimeoutError as e:
+        raise ProtocolError(f"inference did not finish within {timeout_s} s", 504) from e
+    except OverloadedError as e:
+        raise ProtocolError(f"overloaded: {e}", 503) from e
+    except (ClosedError, NoBackendError) as e:
+        check.backend_failed(str(e))
+        raise ProtocolError(f"the model cannot take requests now: {e}", 503) from e
+    except InputError as e:
+        raise ProtocolError(str(e), 400) from e
+    except VeoEdgeError as e:
+        check.backend_failed(f"{type(e).__name__}: {e}")
+        raise ProtocolError(f"inference failed: {e}", 500) from e
