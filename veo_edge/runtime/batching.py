@@ -66,16 +66,6 @@ class _Item:
 
 
 @dataclass
-class BatchRecord:
-    """What one batch was: its size, how long its first sample waited, and how long it ran."""
-
-    size: int
-    wait_us: float  # first sample's enqueue -> dispatch
-    compute_us: float
-    ok: bool
-
-
-@dataclass
 class BatcherStats:
     requests_success: int = 0
     requests_failure: int = 0
