@@ -47,10 +47,9 @@ Times are seconds on the fault clock: by default the monotonic time since the ru
 schedule). The time rules of one entry (a backend name or ``"*"``) keep their state across the runners
 the runtime makes for it: a backend that recovers after a fault does not start its schedule over, and a
 ``"*"`` schedule injects one fault per period into whichever backend is active, not one per backend.
-Moments before the clock's reading when the runtime was created have passed: they never fire.
-Call counts are per runner (a recovered backend counts from 1 again).
-
-Injected faults are raised before the wrapped runner runs, so a failed call leaves it untouched.
+Moments before the clock's reading when the runtime was created have passed: they never fire. Call
+counts are per runner (a recovered backend counts from 1 again). Injected faults are raised before the
+wrapped runner runs, so a failed call leaves it untouched.
 """
 
 from __future__ import annotations
