@@ -30,6 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 import clients
+import floor
 import harness as h
 import one_client
 import raw_ov
@@ -381,6 +382,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1, help="rounds, the two servers interleaved in each")
     serve_images.add_command(sub)
     one_client.add_commands(sub)
+    floor.add_command(sub)
     trace_server.add_command(sub)
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench still stops its servers
