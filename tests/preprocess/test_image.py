@@ -37,6 +37,7 @@ def _digit_pictures() -> list[Image.Image]:
 def _processors():
     from transformers.models.beit.image_processing_pil_beit import BeitImageProcessorPil
     from transformers.models.bit.image_processing_pil_bit import BitImageProcessorPil
+    from transformers.models.convnext.image_processing_pil_convnext import ConvNextImageProcessorPil
     from transformers.models.deit.image_processing_pil_deit import DeiTImageProcessorPil
     from transformers.models.videomae.image_processing_pil_videomae import VideoMAEImageProcessorPil
 
@@ -62,6 +63,28 @@ def _processors():
     yield (
         "vivit-offset-frame",  # rescale by 1/127.5, minus 1, then normalise: [-3, 1]
         transformers.VivitImageProcessor(size={"shortest_edge": 36}, crop_size={"height": 32, "width": 32}),
+    )
+    yield (
+        "clip-shortest-edge",  # bicubic, CLIP's mean/std
+        transformers.CLIPImageProcessorPil(size={"shortest_edge": 40}, crop_size={"height": 36, "width": 36}),
+    )
+    yield "siglip", transformers.SiglipImageProcessorPil(size={"height": 36, "width": 44})
+    # ConvNeXt below 384: the shortest edge to size / crop_pct, then a centre crop of size x size
+    yield "convnext-crop-pct", ConvNextImageProcessorPil(size={"shortest_edge": 64}, crop_pct=0.875)
+    yield "convnext-crop-pct-odd", ConvNextImageProcessorPil(size={"shortest_edge": 45}, crop_pct=0.9)
+    # ConvNeXt at 384 and above: warped to a square, no crop_pct crop; then the processor's own crop
+    yield (
+        "convnext-384-warp-then-crop",
+        ConvNextImageProcessorPil(
+            size={"shortest_edge": 384}, do_center_crop=True, crop_size={"height": 360, "width": 352}
+        ),
+    )
+    # LeViT: the shortest edge to 256/224 of size, then the centre crop
+    yield (
+        "levit",
+        transformers.LevitImageProcessorPil(
+            size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56}
+        ),
     )
     yield (
         "crop-larger-than-picture",
@@ -96,6 +119,13 @@ def test_preprocessing_matches_the_hugging_face_pil_processor(name, proc) -> Non
         assert got.dtype == np.float32
         err = float(np.abs(got - ref.astype(np.float32)).max())
         assert err <= TOL, (name, im.size, err)
+
+
+def test_every_processor_veo_edge_reproduces_is_held_against_transformers() -> None:
+    from veo_edge.models.hf_processors import REPRODUCED
+
+    tested = {type(p).__name__.removesuffix("Pil") for _, p in _processors()} | {"VideoMAEVideoProcessor"}
+    assert set(REPRODUCED) <= tested, set(REPRODUCED) - tested
 
 
 def test_a_video_processor_config_alone_is_read_from_its_json(tmp_path) -> None:

@@ -23,6 +23,12 @@ def build(
     attn_implementation: str = typer.Option(
         None, "--attn-implementation", help="With --hf: transformers' attention, eager or sdpa."
     ),
+    no_preprocess: bool = typer.Option(
+        False,
+        "--no-preprocess",
+        help="With --hf: record no preprocessing (the build takes tensors, not pictures), e.g. for a "
+        "processor veo-edge does not reproduce.",
+    ),
     checkpoint: Path = typer.Option(
         None, "--checkpoint", help="state_dict for --module or a built-in --model (.pt/.pth/.safetensors)."
     ),
@@ -102,6 +108,10 @@ def build(
             raise UsageError("--attn-implementation goes with --hf")
         if attn_implementation not in ("eager", "sdpa"):
             raise UsageError(f"--attn-implementation {attn_implementation!r}; choose eager or sdpa")
+    if no_preprocess and hf is None:
+        raise UsageError(
+            "--no-preprocess goes with --hf (other sources record no preprocessing of their own)"
+        )
     image_flags = [
         f
         for f, v in (
@@ -137,7 +147,7 @@ def build(
     elif hf is not None:
         from veo_edge.export.hf_source import HuggingFaceSource
 
-        source = HuggingFaceSource(hf, attn_implementation)
+        source = HuggingFaceSource(hf, attn_implementation, pictures=not no_preprocess)
     else:
         source = BuiltinSource(model or DEFAULT_MODEL, checkpoint=checkpoint)
     opts = BuildOptions(

@@ -11,15 +11,17 @@ from veo_edge.export.source import LoadedModel
 @dataclass(frozen=True)
 class HuggingFaceSource:
     """A ``save_pretrained`` directory or a hub id; ``attn_implementation`` as transformers takes it
-    (``eager`` or ``sdpa``; default: the library's choice)."""
+    (``eager`` or ``sdpa``; default: the library's choice); ``pictures`` False builds without the checkpoint's
+    preprocessing (``--no-preprocess``)."""
 
     path_or_id: str
     attn_implementation: str | None = None
+    pictures: bool = True  # False: --no-preprocess, the build records no preprocessing
 
     def load(self) -> LoadedModel:
         from veo_edge.models import huggingface
 
-        hf = huggingface.load(self.path_or_id, self.attn_implementation)
+        hf = huggingface.load(self.path_or_id, self.attn_implementation, self.pictures)
         return LoadedModel(
             name=hf.name,
             input_shape=hf.input_shape,
@@ -34,6 +36,6 @@ class HuggingFaceSource:
                 "layout": "TCHW" if hf.kind == "video" else "CHW",
             },
             labels=hf.labels,
-            preprocess=hf.preprocess.to_manifest(),
+            preprocess=hf.preprocess.to_manifest() if hf.preprocess is not None else None,
             notes=hf.notes,
         )

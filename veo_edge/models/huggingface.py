@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from veo_edge.errors import ModelLoadError, UsageError
+from veo_edge.models import hf_processors
 from veo_edge.models.hf_families import (
     FAMILIES,
     RESAMPLES_POSITIONS,
@@ -61,7 +62,7 @@ class HfModel:
     output: str  # "logits", "pooler_output" or "last_hidden_state"
     architecture: str
     labels: list[str] | None
-    preprocess: Preprocess
+    preprocess: Preprocess | None  # None: built with --no-preprocess
     path: Path
     notes: list[str] = field(default_factory=list)
 
@@ -122,8 +123,9 @@ def _no_token_id_warnings(record: logging.LogRecord) -> bool:
     return "_token_id must be" not in record.getMessage()
 
 
-def load(path_or_id: str, attn_implementation: str | None = None) -> HfModel:
-    """Load the checkpoint, its labels and its preprocessing; every refusal is one line."""
+def load(path_or_id: str, attn_implementation: str | None = None, pictures: bool = True) -> HfModel:
+    """Load the checkpoint, its labels and its preprocessing (none where ``pictures`` is False: the build
+    then takes preprocessed tensors only); every refusal is one line."""
     path = resolve(path_or_id)
     tf = _transformers()
     quiet = logging.getLogger("transformers.configuration_utils")
@@ -143,11 +145,22 @@ def load(path_or_id: str, attn_implementation: str | None = None) -> HfModel:
     kind = FAMILIES[model_type]
     full = model_type in VISION_TOWERS and hasattr(config, "vision_config")  # CLIPModel, SiglipModel
     vision = config.vision_config if full else config  # what the picture size, channels, patches come from
-    preprocess = load_preprocess(path, kind, vision)
+    preprocess = load_preprocess(path, kind, vision) if pictures else None
     arch = (getattr(config, "architectures", None) or [""])[0]
     input_shape = _input_shape(vision, kind)
     notes = []
-    hw = preprocess.output_hw
+    hw = preprocess.output_hw if preprocess is not None else None
+    if preprocess is not None and hw is None:
+        raise ModelLoadError(
+            f"--hf {path}: its {preprocess.processor or 'processor'} makes pictures whose size depends on "
+            f"each picture ({preprocess.describe()}), but the build takes one size, "
+            f"{input_shape[-2]}x{input_shape[-1]}; set do_center_crop and crop_size in the processor config, "
+            "or build with --no-preprocess (the build then takes preprocessed tensors: infer --input x.npy)"
+        )
+    if preprocess is None:
+        notes.append(
+            "no preprocessing recorded (--no-preprocess): infer and serve take preprocessed tensors, not pictures"
+        )
     if hw is not None and tuple(hw) != tuple(input_shape[-2:]):
         trained = f"{input_shape[-2]}x{input_shape[-1]}"
         patch = vision.patch_size if isinstance(vision.patch_size, int) else None
@@ -300,17 +313,17 @@ def load_preprocess(path: Path, kind: str, config: Any | None = None) -> Preproc
             f"--hf {path} has no processor config ({' or '.join(PROCESSOR_FILES)}); save the checkpoint's "
             "image processor beside it: AutoImageProcessor.from_pretrained(ID).save_pretrained(DIR)"
         )
-    values: dict[str, Any] = {}
-    processor = ""
     try:
         tf = _transformers()
         proc = tf.AutoImageProcessor.from_pretrained(path, backend="pil")
-        values = {k: getattr(proc, k) for k in _FIELDS if getattr(proc, k, None) is not None}
+        options = hf_processors.options_read(proc)
         processor = type(proc).__name__.removesuffix("Pil")
     except (OSError, ValueError, KeyError, TypeError, ImportError):  # a video processor only, say
-        raw = json.loads((path / found[0]).read_text())
-        values = {k: raw[k] for k in _FIELDS if raw.get(k) is not None}
-        processor = raw.get("image_processor_type") or raw.get("video_processor_type") or ""
+        options = json.loads((path / found[0]).read_text())
+        options = {k: v for k, v in options.items() if not k.startswith("_")}
+        processor = options.get("image_processor_type") or options.get("video_processor_type") or ""
+    hf_processors.check(path, processor, options)
+    values = {k: options[k] for k in (*_FIELDS, "crop_pct") if options.get(k) is not None}
     values = {k: _plain(v) for k, v in values.items()}
     if "size" in values:
         values["size"] = _size(values["size"])
@@ -320,6 +333,7 @@ def load_preprocess(path: Path, kind: str, config: Any | None = None) -> Preproc
         if k in values:
             v = values[k]
             values[k] = tuple(float(x) for x in (v if isinstance(v, list | tuple) else [v] * 3))
+    values = hf_processors.rewrite(path, processor, values)
     chans = int(getattr(config, "num_channels", 3)) if config is not None else 3
     frames = int(config.num_frames) if kind == "video" and config is not None else None
     try:
