@@ -45,3 +45,58 @@ def test_inspect_and_infer_say_which_precision(digits_int8_build):
     assert summary["cpu_precision"]["served"]["openvino"] == "int8"
     out = json.loads(veo("infer", digits_int8_build, "--backend", "openvino", "--json").stdout)
     assert out["precision"] == "int8" and out["backend_info"]["inference_precision_hint"] == "f32"
+
+
+@pytest.mark.parametrize(
+    ("y", "n", "message"),
+    [
+        (
+            [5000] * 4,
+            4,
+            r"--val v.npz has 4 labels outside the model's classes \(label 5000 at sample 0; "
+            r"labels range 5000 to 5000\); expected class indices 0 to 9 \(the model's 10 classes\)",
+        ),
+        (
+            [0, 9, 10, -1],
+            4,
+            r"has 2 labels outside the model's classes \(label 10 at sample 2; labels range -1",
+        ),
+        ([3], 1, r"--val v.npz has 1 sample; the accuracy guard needs at least 2"),
+    ],
+    ids=["over", "over-and-negative", "one-sample"],
+)
+def test_val_data_the_guard_cannot_use_is_refused_before_the_export(tmp_path, y, n, message):
+    """The guard scored labels 5000 of a 10-class model as 0 % at f32 and at bf16 and passed."""
+    import re
+
+    import numpy as np
+
+    x = np.random.default_rng(0).standard_normal((n, 3, 32, 32)).astype(np.float32)
+    np.savez(tmp_path / "v.npz", x=x, y=np.array(y))
+    r = veo("build", "--model", "vit-nano", "--cpu-precision", "bf16", "--val", "v.npz", cwd=tmp_path)
+    assert r.returncode == 4, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and re.search(message, errors[0]), r.stderr
+    assert "Exporting" not in r.stdout and not (tmp_path / "vit-nano").exists()
+
+
+def test_labels_for_a_model_without_a_classifier_are_refused(tmp_path):
+    import numpy as np
+
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (hf extra)")
+    import torch
+
+    torch.manual_seed(0)
+    small = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+    ckpt = tmp_path / "backbone"
+    transformers.ViTModel(transformers.ViTConfig(image_size=32, patch_size=8, **small)).save_pretrained(ckpt)
+    transformers.ViTImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(ckpt)
+    x = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    np.savez(tmp_path / "v.npz", x=x, y=np.array([0, 1, 0, 1]))
+    r = veo("build", "--hf", ckpt, "--cpu-precision", "bf16", "--val", "v.npz", "--out", "o", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert (
+        "--val v.npz has labels, but the model has no classification head: it serves pooler_output"
+        in r.stderr
+    )
+    assert not (tmp_path / "o").exists()

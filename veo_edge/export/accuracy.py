@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from veo_edge.errors import AccuracyGuardError
+from veo_edge.errors import AccuracyGuardError, InputError, UsageError
 
 Run = Callable[[np.ndarray], np.ndarray]
 
@@ -25,6 +25,36 @@ MIN_TOP1_AGREEMENT = 0.99
 MIN_MEAN_COSINE = 0.99
 MIN_COSINE = 0.95
 AMBIGUITY_MARGIN = 0.25
+
+
+def check_guard_data(
+    source: str, samples: int, y: np.ndarray | None, served: str, classes: int | None
+) -> None:
+    """Refuse ``--val`` data the guard cannot use, before the build's slow work: fewer than 2 samples,
+    labels for a model that serves features, labels outside ``0 .. classes - 1`` (``classes`` None: unknown,
+    only negative labels are refused)."""
+    if samples < 2:
+        raise InputError(
+            f"--val {source} has {samples} sample; the accuracy guard needs at least 2 (one sample's top-1 is "
+            "0 or 100 %), and hundreds to resolve --max-accuracy-drop"
+        )
+    if y is None:
+        return
+    if served != "logits":
+        raise UsageError(
+            f"--val {source} has labels, but the model has no classification head: it serves {served} "
+            "(features), which have no classes to score; pass its inputs without labels (a .npy, or a .npz "
+            "with x alone) for the label-free guard"
+        )
+    bad = (y < 0) | (y >= classes) if classes is not None else y < 0
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        expected = f"0 to {classes - 1} (the model's {classes} classes)" if classes is not None else ">= 0"
+        raise InputError(
+            f"--val {source} has {int(bad.sum())} labels outside the model's classes (label {int(y[first])} "
+            f"at sample {first}; labels range {int(y.min())} to {int(y.max())}); expected class indices "
+            f"{expected}"
+        )
 
 
 def outputs(run: Run, x: np.ndarray, batch: int) -> np.ndarray:

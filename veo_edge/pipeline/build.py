@@ -89,7 +89,7 @@ def versions() -> dict[str, str | None]:
 
 
 def run_build(opts: BuildOptions) -> BuildResult:
-    from veo_edge.pipeline.precision import precheck
+    from veo_edge.pipeline.precision import check_val, precheck
 
     with contextlib.ExitStack() as stack:
         output = None
@@ -99,6 +99,7 @@ def run_build(opts: BuildOptions) -> BuildResult:
         rep = stack.enter_context(StageReporter(quiet=opts.quiet))
         with rep.stage("load", "Loading the model"):
             loaded = opts.source.load()
+            check_val(loaded, opts.val)  # the accuracy guard's data: refused now, not after the export
         if output is None:
             output = stack.enter_context(BuildOutput(Path.cwd() / loaded.name, opts.force, opts.wait))
         for debris in output.reclaimed:

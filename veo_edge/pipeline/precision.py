@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 
 from veo_edge.errors import UsageError
-from veo_edge.export.accuracy import label_free_guard, labelled_guard, outputs, top1_points
+from veo_edge.export.accuracy import (
+    check_guard_data,
+    label_free_guard,
+    labelled_guard,
+    outputs,
+    top1_points,
+)
 from veo_edge.export.calibration import Data, load_data
 from veo_edge.export.canary import MIN_COSINE, Canary, compare_canary
 from veo_edge.export.parity import seeded_inputs
@@ -77,6 +83,36 @@ def precheck(opts: Any) -> None:
         source = opts.source
         if not isinstance(source, BuiltinSource) or builtin_data(source.name) is None:
             raise _no_calibration(getattr(source, "name", None) or "this model")
+
+
+def check_val(loaded: LoadedModel, val: Path | None) -> None:
+    """``--val``'s data against the loaded model (its sample count, its labels against the model's
+    classes), right after the model loads: before the export and parity, not after them."""
+    if val is None:
+        return
+    data = load_data(val, loaded.input_shape, "--val", loaded.preprocess)
+    served = loaded.config.get("output") or "logits"
+    classes = _classes(loaded) if data.labelled and served == "logits" else None
+    check_guard_data(data.source, len(data.x), data.y, served, classes)
+
+
+def _classes(loaded: LoadedModel) -> int | None:
+    """How many classes the model scores: its labels, else the width of its output."""
+    if loaded.labels:
+        return len(loaded.labels)
+    if loaded.module is not None:
+        import torch
+
+        with torch.no_grad():
+            out = loaded.module(torch.zeros((1, *loaded.input_shape)))
+        return int(out.shape[-1])
+    if loaded.onnx_path is not None:
+        import onnx
+
+        graph = onnx.load(str(loaded.onnx_path), load_external_data=False).graph
+        dims = graph.output[0].type.tensor_type.shape.dim
+        return int(dims[-1].dim_value) if dims and dims[-1].dim_value > 0 else None
+    return None
 
 
 def _calibration(loaded: LoadedModel, path: Path | None) -> Data:
