@@ -103,6 +103,19 @@ def test_a_clip_as_frames_and_as_a_video_file_gives_the_models_answer(hf_video, 
     from_file = json.loads(out)
     assert from_folder["input_shape"] == [1, 4, 3, 32, 32]
     assert from_file["top_k"] == from_folder["top_k"]
+    assert (from_folder["inputs"], from_file["inputs"]) == ([str(folder)], [str(clip)])
+    # --video repeats as --image does: one clip a row, each row named by its clip (it printed "sample 0",
+    # and a second --video silently replaced the first)
+    code, out, err = _infer(capsys, hf_video, "--video", folder, "--video", clip, "--json", "--top-k", "3")
+    assert code == 0, err
+    both = json.loads(out)
+    assert both["input_shape"] == [2, 4, 3, 32, 32] and both["inputs"] == [str(folder), str(clip)]
+    assert both["top_k"][1] == from_file["top_k"][0]
+    np.testing.assert_allclose(
+        [t["logit"] for t in both["top_k"][0]], [t["logit"] for t in from_folder["top_k"][0]], atol=1e-5
+    )
+    code, out, err = _infer(capsys, hf_video, "--video", clip, "--top-k", "1")
+    assert code == 0 and f"  {clip}: " in out and "sample 0" not in out, out
     # the reference: Hugging Face's own processor on frames 1, 3, 5, 7 (4 evenly spaced of 8), its model
     ckpt = hf_video.parent / "videomae-ckpt"
     proc = transformers.VideoMAEImageProcessorPil.from_pretrained(ckpt)

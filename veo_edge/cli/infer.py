@@ -46,8 +46,11 @@ def load_input(path: Path | None, batch: int, seed: int, input_shape: tuple[int,
     return arr
 
 
-def load_pictures(build, images: list[Path], video: Path | None):
-    """``--image`` files or a ``--video`` clip, preprocessed as the build's manifest says."""
+def load_pictures(build, images: list[Path], videos: list[Path]):
+    """``--image`` files or ``--video`` clips (one sample each, in order), preprocessed as the build's
+    manifest says."""
+    import numpy as np
+
     from veo_edge.errors import UsageError
     from veo_edge.preprocess import Preprocess
     from veo_edge.preprocess.decode import read_clip, read_image
@@ -55,8 +58,9 @@ def load_pictures(build, images: list[Path], video: Path | None):
     spec = build.manifest.get("preprocess")
     if not spec:
         raise UsageError(
-            f"{build.path} records no preprocessing, so it cannot take pictures; build it with --hf "
-            "(or from a built-in model that has one), or pass --input x.npy"
+            f"{build.path} records no preprocessing, so it cannot take pictures; pass --input x.npy "
+            "(preprocessed tensors), or build it with --hf without --no-preprocess (or from a built-in model "
+            "that has one)"
         )
     prep = Preprocess.from_manifest(spec)
     video_build = prep.num_frames is not None
@@ -65,10 +69,10 @@ def load_pictures(build, images: list[Path], video: Path | None):
             f"{build.model_name} is a video model ({prep.num_frames} frames a clip); pass --video clip.mp4 or "
             "--video frames_dir/, not --image"
         )
-    if video is not None and not video_build:
+    if videos and not video_build:
         raise UsageError(f"{build.model_name} is an image model; pass --image, not --video")
-    if video is not None:
-        return prep.clip(read_clip(video))[None]
+    if videos:
+        return np.stack([prep.clip(read_clip(v)) for v in videos])
     return prep.batch([read_image(p) for p in images])
 
 
@@ -80,8 +84,10 @@ def infer(
         "--image",
         help="A picture (JPEG, PNG, WebP, BMP); repeat for a batch. Needs a build with preprocessing.",
     ),
-    video: Path = typer.Option(
-        None, "--video", help="A clip for a video build: a video file (PyAV) or a folder of frames."
+    video: list[Path] = typer.Option(
+        None,
+        "--video",
+        help="A clip for a video build: a video file (PyAV) or a folder of frames; repeat for a batch.",
     ),
     batch: int = typer.Option(
         1, "--batch", min=1, help="Batch size of the seeded random input (without --input)."
@@ -116,11 +122,12 @@ def infer(
         from veo_edge.errors import UsageError
 
         raise UsageError(f"{' and '.join(given)} were both given; choose one input")
-    if image or video is not None:
-        x = load_pictures(rt.build, list(image or []), video)
+    if image or video:
+        x = load_pictures(rt.build, list(image or []), list(video or []))
     else:
         x = load_input(input_file, batch, seed, rt.input_shape)
     labels = rt.build.manifest.get("labels") or None
+    pictures = list(image or video or [])  # the files the rows answer, in order
     with rt.start():
         start = time.perf_counter()
         logits = rt.infer(x)
@@ -140,8 +147,8 @@ def infer(
         "output_shape": list(logits.shape),
         "latency_ms": round(latency_ms, 3),
         "output": served,
-        # which input each row of top_k / values answers (pictures: their files, in order)
-        "inputs": [str(p) for p in image] if image else None,
+        # which input each row of top_k / values answers (pictures, clips: their files, in order)
+        "inputs": [str(p) for p in pictures] if pictures else None,
     }
     if served == "logits":
         top = np.argsort(-logits, axis=-1)[:, : min(top_k, logits.shape[-1])]
@@ -176,9 +183,9 @@ def infer(
     for sw in state.switches:
         c.print(f"  switched {sw['from']} -> {sw['to']}: {sw['reason']}", soft_wrap=True)
     for i in range(min(len(logits), 8)):
-        if image and i < len(image):
-            name = str(image[i])
-        elif input_file is None and video is None:  # no input given: say the answer is to random data
+        if pictures and i < len(pictures):
+            name = str(pictures[i])
+        elif input_file is None:  # no input given: say the answer is to random data
             name = f"random sample {i} (seed {seed})"
         else:
             name = f"sample {i}"
