@@ -61,6 +61,17 @@ def test_an_option_veo_edge_does_not_apply_is_refused_by_name(tmp_path, proc, op
         load_preprocess(_saved(proc(), tmp_path), "image")
 
 
+def test_a_resize_veo_edge_does_not_make_is_refused(tmp_path) -> None:
+    """Shortest edge capped by a longest edge: transformers keeps the aspect ratio within both."""
+    proc = transformers.ViTImageProcessorPil(size={"shortest_edge": 32, "longest_edge": 40})
+    with pytest.raises(
+        ModelLoadError,
+        match=r"its ViTImageProcessor's preprocessing size \{'longest_edge': 40, 'shortest_edge': 32\} is not "
+        r"supported; .* --no-preprocess",
+    ):
+        load_preprocess(_saved(proc, tmp_path), "image")
+
+
 def test_convnext_cropping_twice_is_refused(tmp_path) -> None:
     proc = transformers.ConvNextImageProcessorPil(
         size={"shortest_edge": 64}, crop_pct=0.875, do_center_crop=True, crop_size=48

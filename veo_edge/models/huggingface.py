@@ -345,6 +345,10 @@ def load_preprocess(path: Path, kind: str, config: Any | None = None) -> Preproc
         )
     except TypeError as e:
         raise ModelLoadError(f"--hf {path}: its processor config is not one veo-edge reads: {e}") from e
+    except UsageError as e:  # a size veo-edge does not resize to (longest_edge, max_height, ...)
+        raise ModelLoadError(
+            f"--hf {path}: its {processor or 'processor'}'s {e}; {hf_processors.WHAT_TO_DO}"
+        ) from e
 
 
 def _plain(v: Any) -> Any:
