@@ -100,3 +100,16 @@ def test_labels_for_a_model_without_a_classifier_are_refused(tmp_path):
         in r.stderr
     )
     assert not (tmp_path / "o").exists()
+
+
+def test_an_onnx_build_reads_its_classes_from_the_graph(tmp_path, nano_build):
+    """--onnx has no labels and no module: the class count is the ONNX output's width (10 for vit-nano)."""
+    import numpy as np
+
+    x = np.random.default_rng(0).standard_normal((3, 3, 32, 32)).astype(np.float32)
+    np.savez(tmp_path / "v.npz", x=x, y=np.array([0, 9, 10]))
+    onnx = nano_build / "model.onnx"
+    r = veo("build", "--onnx", onnx, "--cpu-precision", "bf16", "--val", "v.npz", "--out", "o", cwd=tmp_path)
+    assert r.returncode == 4, r.stderr
+    assert "expected class indices 0 to 9 (the model's 10 classes)" in r.stderr
+    assert not (tmp_path / "o").exists()
