@@ -218,3 +218,40 @@ def test_truncated_and_non_pictures_are_one_line_errors() -> None:
     with pytest.raises(InputError, match=r"not a picture Pillow can read \(11 bytes starting 0x68656c6c"):
         decode_image(b"hello world", "the upload")
     assert decode_image(jpeg).size == (64, 64)
+
+
+#: preprocessor_config.json files in the forms Hub checkpoints of the supported families carry (legacy
+#: feature-extractor keys, int sizes, reduce_labels, do_convert_rgb), at their usual sizes
+HUB_SHAPED = {
+    "clip": {"crop_size": 224, "do_center_crop": True, "do_normalize": True, "do_resize": True,
+             "feature_extractor_type": "CLIPFeatureExtractor", "image_mean": [0.48145466, 0.4578275, 0.40821073],
+             "image_std": [0.26862954, 0.26130258, 0.27577711], "resample": 3, "size": 224},
+    "swin": {"do_normalize": True, "do_resize": True, "feature_extractor_type": "ViTFeatureExtractor",
+             "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "resample": 3, "size": 224},
+    "dinov2": {"crop_size": {"height": 224, "width": 224}, "do_center_crop": True, "do_convert_rgb": True,
+               "do_normalize": True, "do_rescale": True, "do_resize": True, "image_mean": [0.485, 0.456, 0.406],
+               "image_processor_type": "BitImageProcessor", "image_std": [0.229, 0.224, 0.225], "resample": 3,
+               "rescale_factor": 0.00392156862745098, "size": {"shortest_edge": 256}},
+    "beit": {"crop_size": 224, "do_center_crop": False, "do_normalize": True, "do_resize": True,
+             "feature_extractor_type": "BeitFeatureExtractor", "image_mean": [0.5, 0.5, 0.5],
+             "image_std": [0.5, 0.5, 0.5], "reduce_labels": False, "resample": 2, "size": 224},
+    "deit": {"crop_size": 224, "do_center_crop": True, "do_normalize": True, "do_resize": True,
+             "feature_extractor_type": "DeiTFeatureExtractor", "image_mean": [0.485, 0.456, 0.406],
+             "image_std": [0.229, 0.224, 0.225], "resample": 3, "size": 256},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", list(HUB_SHAPED))
+def test_processor_configs_as_checkpoints_carry_them_are_accepted_and_match(tmp_path, family) -> None:
+    import json
+
+    from veo_edge.models.huggingface import load_preprocess
+
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(HUB_SHAPED[family]))
+    ours = Preprocess.from_manifest(load_preprocess(tmp_path, "image").to_manifest())
+    proc = transformers.AutoImageProcessor.from_pretrained(tmp_path, backend="pil")
+    for im in _photos()[:1]:
+        ref = proc(im, return_tensors="np")["pixel_values"][0]
+        got = ours(im)
+        assert got.shape == ref.shape == (3, 224, 224)
+        assert float(np.abs(got - ref.astype(np.float32)).max()) <= TOL
