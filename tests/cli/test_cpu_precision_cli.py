@@ -80,6 +80,17 @@ def test_val_data_the_guard_cannot_use_is_refused_before_the_export(tmp_path, y,
     assert "Exporting" not in r.stdout and not (tmp_path / "vit-nano").exists()
 
 
+def test_one_calibration_sample_is_bad_input_as_for_val(tmp_path):
+    """The label-free guard holds a fifth of --calibration out: one sample is refused with --val's exit code."""
+    import numpy as np
+
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32))
+    r = veo("build", "--model", "vit-nano", "--cpu-precision", "int8", "--calibration", "c.npy", cwd=tmp_path)
+    assert r.returncode == 4, r.stderr
+    assert "--calibration c.npy has 1 sample; the label-free guard needs at least 2" in r.stderr
+    assert not (tmp_path / "vit-nano").exists()
+
+
 def test_labels_for_a_model_without_a_classifier_are_refused(tmp_path):
     import numpy as np
 

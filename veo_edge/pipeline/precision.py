@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from veo_edge.errors import UsageError
+from veo_edge.errors import InputError, UsageError
 from veo_edge.export.accuracy import (
     check_guard_data,
     label_free_guard,
@@ -172,7 +172,7 @@ def run_precision_stage(
         cal_x = cal.x
         if val is None:  # label-free: hold the last fifth of the calibration set out of the calibration
             if len(cal.x) < 2:
-                raise UsageError(
+                raise InputError(
                     f"--calibration {cal.source} has {len(cal.x)} sample; the label-free guard needs at least "
                     "2 (a fifth is held out), or pass --val"
                 )
