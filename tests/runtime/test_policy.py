@@ -41,6 +41,13 @@ def test_policy_order_forcing_and_no_fallback() -> None:
         ["onnxruntime-cuda", "openvino", "onnxruntime"],
     )
     assert resolve_policy("onnxruntime", None, True) == (["onnxruntime"], [])
+    # a forced GPU backend has the CPU chain behind it, disabled without fallback; a forced CPU one stands alone
+    assert resolve_policy("tensorrt", None, True) == (["tensorrt", "openvino", "onnxruntime"], [])
+    assert resolve_policy("onnxruntime-cuda", None, False) == (
+        ["onnxruntime-cuda"],
+        ["openvino", "onnxruntime"],
+    )
+    assert resolve_policy("openvino", None, False) == (["openvino"], [])
     assert resolve_policy("auto", ["onnxruntime", "openvino"], True) == (["onnxruntime", "openvino"], [])
     assert resolve_policy("auto", ["auto"], True) == (list(DEFAULT_POLICY), [])  # --policy auto
     with pytest.raises(

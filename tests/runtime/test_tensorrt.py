@@ -42,9 +42,16 @@ def test_probe_without_tensorrt_is_a_skip_with_the_reason(nano_build, no_tensorr
     assert not v.ok and v.reason.startswith("TensorRT is not importable")
 
 
-def test_forced_tensorrt_on_this_machine_fails_cleanly(nano_build, cpu_only):
+def test_forced_tensorrt_on_this_machine_fails_cleanly_without_fallback(nano_build, cpu_only):
     with pytest.raises(NoBackendError, match=r"\(tried tensorrt\): tensorrt: no usable NVIDIA GPU"):
-        veo_edge.Runtime(nano_build, backend="tensorrt").start()
+        veo_edge.Runtime(nano_build, backend="tensorrt", fallback=False).start()
+
+
+def test_forced_tensorrt_on_this_machine_falls_back_to_the_cpu_chain(nano_build, cpu_only):
+    with veo_edge.Runtime(nano_build, backend="tensorrt").start() as rt:
+        state = rt.state.to_dict()
+    assert state["active_backend"] == "openvino"
+    assert state["skipped"][0]["backend"] == "tensorrt"
 
 
 def test_engine_source_prefers_the_plugin_onnx(nano_build, copy_build):

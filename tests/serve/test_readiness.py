@@ -1,6 +1,7 @@
 """Readiness tells the truth: it drops when no backend works and comes back when one recovers; with
 ``--policy`` a CPU host falls back from one CPU backend to another and stays ready; a standby whose
-package crashes the process at import is skipped, and the server serves on."""
+package crashes the process at import is skipped, and the server serves on; a GPU backend asked for on a
+host without a GPU falls back to the CPU chain with a warning, or with --no-fallback is a one-line error."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import time
 
 import numpy as np
+import pytest
 
 from veo_edge.runtime.fallback import SWITCH_AFTER
 from veo_edge.serve.protocol import encode_infer_request
@@ -19,6 +21,14 @@ def _infer(server):
     x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
     body, hlen = encode_infer_request({"input": x})
     return server.request("POST", INFER, body, {"Inference-Header-Content-Length": str(hlen)})
+
+
+@pytest.fixture
+def cpu_only() -> None:
+    from veo_edge.runtime.probes import probe_gpu
+
+    if probe_gpu().ok:
+        pytest.skip("an NVIDIA GPU is visible; these tests pin a CPU-only machine's fallback")
 
 
 def _wait_ready(server, want: int, timeout: float = 60.0) -> dict:
@@ -97,6 +107,36 @@ def test_a_standby_whose_import_crashes_is_skipped_and_the_server_serves(serve, 
     assert "killed a child process with SIGSEGV" in skipped["onnxruntime"], ready
     assert _infer(server)[0] == 200
     assert server.proc.poll() is None
+
+
+def test_a_forced_gpu_backend_falls_back_to_the_cpu_chain_with_a_warning(serve, nano_build, cpu_only):
+    server = serve(nano_build, "--backend", "tensorrt")
+    status, ready = server.get_json("/v2/health/ready")
+    assert status == 200 and (ready["active_backend"], ready["standby_backend"]) == (
+        "openvino",
+        "onnxruntime",
+    )
+    assert _infer(server)[0] == 200
+    warning = next(line for line in server.log.read_text().splitlines() if "fell back" in line)
+    assert " WARNING model 'vit-nano': backend openvino (fell back from --backend tensorrt;" in warning
+    assert "skipped tensorrt: no usable NVIDIA GPU" in warning
+
+
+def test_a_forced_gpu_backend_with_no_fallback_is_one_line_and_exit_8(nano_build, cpu_only):
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "veo_edge.cli.main", "serve", str(nano_build), "--port", "0"]
+    r = subprocess.run(
+        [*argv, "--grpc-port", "-1", "--metrics-port", "-1", "-b", "tensorrt", "--no-fallback"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 8, r.stderr
+    error = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "(tried tensorrt): tensorrt: no usable NVIDIA GPU" in error[0]
+    assert "Fallback is off (--no-fallback)" in error[0] and "Traceback" not in r.stderr
 
 
 def test_bad_policy_is_a_usage_error(nano_build):

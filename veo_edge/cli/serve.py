@@ -17,7 +17,19 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (0.0.0.0 for all interfaces)."),
     port: int = typer.Option(8000, "--port", "-p", help="Port to listen on (0: any free port)."),
     model_name: str = typer.Option(None, "--model-name", help="Name to serve under (default: the build's)."),
-    backend: str = typer.Option("auto", "--backend", "-b", help="auto, tensorrt, onnxruntime or openvino."),
+    backend: str = typer.Option(
+        "auto",
+        "--backend",
+        "-b",
+        help="auto, tensorrt, onnxruntime-cuda, openvino or onnxruntime. A GPU backend that cannot run here "
+        "falls back to openvino, then onnxruntime, with a warning (--no-fallback: an error instead).",
+    ),
+    no_fallback: bool = typer.Option(
+        False,
+        "--no-fallback",
+        help="Fail at start (exit 8) instead of falling back from the chosen backend (with auto: from the "
+        "policy's first) to a slower one, and never switch backends on a fault.",
+    ),
     policy: str = typer.Option(
         None,
         "--policy",
@@ -165,7 +177,7 @@ def serve(
     access = make_policy(model_control_mode, load_token(control_token_file), (restrict_api or "").split(","))
     names = [p.strip() for p in policy.split(",") if p.strip()] if policy is not None else None
     # an unknown backend is a usage error before any port is bound
-    resolve_policy(backend, names, fallback=True)
+    resolve_policy(backend, names, fallback=not no_fallback)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # the server's own start, readiness and stop lines are INFO (what alerting on WARNING should not
     # see); the libraries' and the runtime's per-batch ones stay at WARNING
@@ -199,6 +211,7 @@ def serve(
             return Runtime(
                 build,
                 backend=backend,
+                fallback=not no_fallback,
                 policy=names,
                 max_queue=max_queue,
                 max_queue_delay_ms=max_queue_delay_ms,

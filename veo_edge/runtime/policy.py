@@ -22,6 +22,8 @@ __all__ = ["BACKENDS", "DEFAULT_POLICY", "Verdict", "check_gpu_memory", "make_ru
 BACKENDS = ("tensorrt", "onnxruntime-cuda", "onnxruntime", "openvino")
 DEFAULT_POLICY = ("tensorrt", "onnxruntime-cuda", "openvino", "onnxruntime")
 GPU_BACKENDS = frozenset({"tensorrt", "onnxruntime-cuda"})
+#: what an explicitly chosen GPU backend falls back to, in order, where it cannot run (fallback on)
+CPU_CHAIN = ("openvino", "onnxruntime")
 #: free GPU memory kept beyond what a backend needs (other processes, CUDA context, fragmentation)
 GPU_MEMORY_MARGIN = 256 << 20
 #: ONNX Runtime CUDA EP: weights plus activations and cuDNN workspaces, as a multiple of the ONNX size
@@ -47,7 +49,10 @@ def parse_memory_size(value: int | str | None) -> int | None:
 
 
 def resolve_policy(backend: str, policy: Sequence[str] | None, fallback: bool) -> tuple[list[str], list[str]]:
-    """(eligible candidates in order, candidates listed but not eligible because fallback is off)."""
+    """(eligible candidates in order, candidates listed but not eligible because fallback is off).
+
+    A forced CPU backend is the only candidate; a forced GPU backend is the first, the CPU chain
+    (:data:`CPU_CHAIN`) after it, so that a GPU host without its GPU still serves (each skip logged)."""
     for name in [backend, *(policy or [])]:
         if name != "auto" and name not in BACKENDS:
             raise UsageError(f"unknown backend {name!r}; choose one of: auto, {', '.join(BACKENDS)}")
@@ -57,7 +62,8 @@ def resolve_policy(backend: str, policy: Sequence[str] | None, fallback: bool) -
                 f"backend={backend!r} forces one backend, so a policy cannot be given too; "
                 "use backend='auto' with the policy"
             )
-        return [backend], []
+        chain = list(CPU_CHAIN) if backend in GPU_BACKENDS else []
+        return ([backend, *chain], []) if fallback else ([backend], chain)
     # a policy of "auto" alone is the default order (what --policy auto reads as)
     names = list(policy) if policy is not None and list(policy) != ["auto"] else list(DEFAULT_POLICY)
     if not names or "auto" in names or len(set(names)) != len(names):

@@ -110,10 +110,16 @@ async def _serve(runtimes, makers, options, listeners, grpc_server, app_args, on
             skipped = "; ".join(
                 f"{s['backend']}: {s['reason']}" for s in ready["fallback"]["skipped"] if s.get("reason")
             )
-            log.info(
-                "model %r: backend %s, ready: %s%s",
+            asked, active = runtimes[name].backend, ready["active_backend"]
+            # an explicitly chosen backend that did not start is fallback a person asked not to need: said
+            # at WARNING, where alerting looks (--no-fallback makes it an error instead)
+            fell_back = asked != "auto" and active is not None and active != asked
+            log.log(
+                logging.WARNING if fell_back else logging.INFO,
+                "model %r: backend %s%s, ready: %s%s",
                 name,
-                ready["active_backend"],
+                active,
+                f" (fell back from --backend {asked}; --no-fallback refuses to)" if fell_back else "",
                 ready.get("reason", "yes"),
                 f" (skipped {skipped})" if skipped else "",
             )
