@@ -94,15 +94,22 @@ def test_the_image_companion_is_listed_with_one_bytes_input(server) -> None:
     index = {m["name"]: m["state"] for m in client.get_model_repository_index()}
     assert index == {MODEL: "READY", MODEL + "_image": "READY", "vit-nano": "READY"}  # nano: no preprocessing
     meta = client.get_model_metadata(MODEL + "_image")
-    assert meta["inputs"] == [{"name": "input", "datatype": "BYTES", "shape": [-1]}]
+    assert meta["inputs"] == [{"name": "input", "datatype": "BYTES", "shape": [-1, 1]}]
     assert meta["outputs"] == client.get_model_metadata(MODEL)["outputs"]
-    config = client.get_model_config(MODEL + "_image")
-    # max_batch_size 0: the declared [-1] is the pictures' axis (what perf_analyzer reads)
-    assert config["max_batch_size"] == 0 and "dynamic_batching" not in config
+    config, base = client.get_model_config(MODEL + "_image"), client.get_model_config(MODEL)
+    # batched as the model behind it: one picture per sample (dims [1], or [N] alone: reshape [])
+    assert config["max_batch_size"] == base["max_batch_size"] == 8
+    assert config["dynamic_batching"] == base["dynamic_batching"]
     assert config["input"] == [
-        {"name": "input", "data_type": "TYPE_STRING", "format": "FORMAT_NONE", "dims": [-1]}
+        {
+            "name": "input",
+            "data_type": "TYPE_STRING",
+            "format": "FORMAT_NONE",
+            "dims": [1],
+            "reshape": {"shape": []},
+        }
     ]
-    assert config["output"][0]["dims"] == [-1, 10]
+    assert config["output"] == base["output"] and config["output"][0]["dims"] == [10]
     assert client.is_model_ready(MODEL + "_image")
     pictures, y = digit_pictures(3, "JPEG")
     inp = httpclient.InferInput("input", [3], "BYTES")
@@ -125,6 +132,33 @@ def test_the_image_companion_is_listed_with_one_bytes_input(server) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_companion_takes_what_its_config_says_and_refuses_one_more(server, protocol) -> None:
+    """What a Triton client reads (max_batch_size, dims) is what the server takes: a full batch of
+    [max_batch_size, *dims] pictures answers, one picture more is refused with the limit named."""
+    lib = httpclient if protocol == "http" else grpcclient
+    client = lib.InferenceServerClient(server.url if protocol == "http" else server.grpc_url)
+    config = client.get_model_config(MODEL + "_image")
+    config = config if protocol == "http" else json.loads(_grpc_json(config.config))
+    top, dims = int(config["max_batch_size"]), [int(d) for d in config["input"][0]["dims"]]
+    pictures, y = digit_pictures(top + 1, "PNG")
+    full = lib.InferInput("input", [top, *dims], "BYTES")
+    full.set_data_from_numpy(np.array(pictures[:top], dtype=object).reshape(top, *dims))
+    got = client.infer(MODEL + "_image", [full], outputs=[lib.InferRequestedOutput("logits", class_count=1)])
+    assert _labels(got) == _expected(y[:top])
+    over = lib.InferInput("input", [top + 1, *dims], "BYTES")
+    over.set_data_from_numpy(np.array(pictures, dtype=object).reshape(top + 1, *dims))
+    with pytest.raises(InferenceServerException, match=rf"has {top + 1} pictures, expected 1\.\.{top}"):
+        client.infer(MODEL + "_image", [over])
+    client.close()
+
+
+def _grpc_json(message) -> str:
+    from google.protobuf.json_format import MessageToJson
+
+    return MessageToJson(message, preserving_proto_field_name=True)
+
+
 def test_a_curl_request_json_base64_and_one_raw_file(server) -> None:
     """What docs/serving.md shows: one file sent raw after the JSON header, and base64 in JSON."""
     pictures, y = digit_pictures(2, "PNG")

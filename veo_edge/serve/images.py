@@ -5,7 +5,8 @@ name, a ``BYTES`` tensor of shape ``[N]`` or ``[N, 1]``: one encoded picture per
 each decoded (:func:`veo_edge.preprocess.decode.decode_image`: bombs, truncated files and non-pictures
 refused) and preprocessed exactly as the checkpoint's processor does (:class:`~veo_edge.preprocess.Preprocess`).
 For metadata-driven tools (perf_analyzer ``--input-data``), the repository also lists a companion model
-``<name>_image`` whose one input is declared ``BYTES [-1]``; it answers what ``<name>`` answers.
+``<name>_image`` whose one input is declared ``BYTES [-1, 1]`` (Triton config: ``dims [1]``, the model's
+``max_batch_size``, the limit its requests are held to); it answers what ``<name>`` answers.
 
 On the wire the elements are Triton's BYTES serialization (each a 4-byte little-endian length, then the
 bytes) in binary data or gRPC raw contents, ``bytes_contents`` over gRPC, or base64 strings in JSON
@@ -36,7 +37,7 @@ from veo_edge.errors import InputError
 from veo_edge.serve.health import PICTURES_SUFFIX
 from veo_edge.serve.protocol.spec import ModelSpec, ProtocolError, TensorSpec, expect
 
-#: the companion model of ``name``: the same model with a ``BYTES [-1]`` input (defined beside the
+#: the companion model of ``name``: the same model with a ``BYTES [-1, 1]`` input (defined beside the
 #: healthcheck, which sends its canary tensor to ``name`` for a companion, and imports less)
 SUFFIX = PICTURES_SUFFIX
 #: decode threads (each picture is decoded and preprocessed on one)
@@ -181,8 +182,9 @@ def takes_pictures(spec: ModelSpec) -> bool:
 
 
 def companion_spec(spec: ModelSpec) -> ModelSpec:
+    """``spec`` taking one encoded picture per sample: ``BYTES [-1, 1]``, batched up to its max batch."""
     name = spec.inputs[0].name
-    return replace(spec, name=spec.name + SUFFIX, inputs=(TensorSpec(name, "BYTES", (-1,)),))
+    return replace(spec, name=spec.name + SUFFIX, inputs=(TensorSpec(name, "BYTES", (-1, 1)),))
 
 
 class ImageModels:
@@ -245,18 +247,18 @@ class ImageModels:
     def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
         config = self._inner(self.inner.model_config, name, version)
         if name in self.companions:
-            # max_batch_size 0: the declared shapes are whole, [-1] is the pictures' axis (as the metadata
-            # says); the model behind it still batches them with other requests' samples
+            # the model's own batching (max_batch_size, dynamic_batching, outputs): what the server takes,
+            # 1..max_batch_size pictures a request; dims [1], one picture a sample, with reshape [] saying
+            # that [N] is taken too (Triton's way to declare a batch of scalars)
             spec = self.model_spec(name)
             entry = {
                 "name": spec.inputs[0].name,
                 "data_type": "TYPE_STRING",
                 "format": "FORMAT_NONE",
-                "dims": [-1],
+                "dims": list(spec.inputs[0].shape[1:]),
+                "reshape": {"shape": []},
             }
-            outputs = [{**o, "dims": [-1, *o["dims"]]} for o in config["output"]]
-            config = {**config, "name": name, "max_batch_size": 0, "input": [entry], "output": outputs}
-            config.pop("dynamic_batching", None)
+            config = {**config, "name": name, "input": [entry]}
             config["instance_group"] = [{**g, "name": name} for g in config.get("instance_group", [])]
         return config
 
