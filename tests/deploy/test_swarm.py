@@ -183,6 +183,54 @@ def test_a_deploy_that_times_out_or_is_interrupted_does_not_leave_the_new_releas
     swarm_engine.docker("service", "rm", "undo", check=False)
 
 
+def test_a_redeploy_keeps_the_least_privilege_options_and_the_control_token(
+    docker_engine, swarm_engine, test_images, tmp_path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("a-control-token-of-some-length\n")
+    pace = ("--update-monitor", "2", "--update-delay", "0")
+    given = ("--user", "10002:10002", "--cap-add", "NET_RAW", "--allow-privilege-escalation",
+             "--pids-limit", "512", "--control-token-file", str(token), "--port", "18230")  # fmt: skip
+    r = swarm_deploy(docker_engine, swarm_engine, test_images["v1"], "--name", "lp", "--allow-unsigned",
+                     *pace, *given)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    before = json.loads(swarm_engine.docker("service", "inspect", "lp").stdout)[0]["Spec"]
+    r = veo("deploy", test_images["v2"], "--swarm", "--to", swarm_engine.host, "--name", "lp",
+            "--allow-unsigned", env={"DOCKER_HOST": docker_engine.host}, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    kept = r.stdout.split("kept from the running service (not given): ", 1)[1]
+    for said in ("--user 10002:10002", "--cap-add NET_RAW", "--allow-privilege-escalation",
+                 "--pids-limit 512", "--control-token-file (secret veo-edge-control-lp-"):  # fmt: skip
+        assert said in kept, r.stdout
+    after = json.loads(swarm_engine.docker("service", "inspect", "lp").stdout)[0]["Spec"]
+    c, was = after["TaskTemplate"]["ContainerSpec"], before["TaskTemplate"]["ContainerSpec"]
+    assert c["Image"] == image_id(docker_engine, test_images["v2"])
+    assert (c["User"], c["CapabilityAdd"], c["Secrets"]) == ("10002:10002", ["NET_RAW"], was["Secrets"])
+    # (no-new-privileges lives in the spec from Engine API 1.46; the label says it on older engines too)
+    assert after["Labels"]["io.veo-edge.deploy.privilege-escalation"] == "allowed"
+    assert after["TaskTemplate"]["Resources"]["Limits"]["Pids"] == 512
+    assert {e for e in c["Env"] if e.startswith("VEO_EDGE_")} == {
+        e for e in was["Env"] if e.startswith("VEO_EDGE_")
+    }
+    assert "VEO_EDGE_MODEL_CONTROL_MODE=explicit" in c["Env"]
+    # given again, the defaults come back: --cap-add none drops the kept capability
+    r = swarm_deploy(docker_engine, swarm_engine, test_images["v1"], "--name", "lp", "--allow-unsigned",
+                     "--user", "10001:10001", "--cap-add", "none", "--no-allow-privilege-escalation",
+                     "--pids-limit", "1024")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    kept = json.loads(r.stdout)["kept"]
+    assert (
+        "--port 18230" in kept and f"--control-token-file (secret {was['Secrets'][0]['SecretName']})" in kept
+    )
+    assert not [k for k in kept if k.split()[0] in ("--user", "--cap-add", "--allow-privilege-escalation")]
+    spec = json.loads(swarm_engine.docker("service", "inspect", "lp").stdout)[0]["Spec"]
+    c = spec["TaskTemplate"]["ContainerSpec"]
+    assert "io.veo-edge.deploy.privilege-escalation" not in spec["Labels"]
+    assert (c["User"], c.get("CapabilityAdd")) == ("10001:10001", None)
+    r = veo("deploy", "remove", "lp", "--swarm", "--to", swarm_engine.host, "--volumes", timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
 def test_a_constraint_no_node_satisfies_is_pending_not_success(
     docker_engine, swarm_engine, test_images
 ) -> None:

@@ -112,20 +112,32 @@ def deploy(
     cache_host_path: str = typer.Option(
         None, "--cache-host-path", help="Kubernetes: keep the engine cache in this node path."
     ),
-    user: str = typer.Option("10001:10001", "--user", help="UID:GID the server runs as (non-root)."),
+    user: str = typer.Option(
+        None, "--user", help="UID:GID the server runs as (non-root; default 10001:10001)."
+    ),
     cap_add: list[str] = typer.Option(
-        None, "--cap-add", help="Give back one Linux capability (all are dropped; repeatable)."
+        None,
+        "--cap-add",
+        help="Give back one Linux capability (all are dropped; repeatable; none: no capability, e.g. to "
+        "drop what a swarm service has).",
     ),
     allow_privilege_escalation: bool = typer.Option(
-        False, "--allow-privilege-escalation", help="Do not set no-new-privileges."
+        None,
+        "--allow-privilege-escalation/--no-allow-privilege-escalation",
+        help="Do not set no-new-privileges (default: set).",
     ),
-    pids_limit: int = typer.Option(1024, "--pids-limit", help="Most processes+threads (0: no limit)."),
-    gpus: str = typer.Option("1", "--gpus", help="GPUs on x86 GPU targets: a count, 'all', or 0,2."),
+    pids_limit: int = typer.Option(
+        None, "--pids-limit", help="Most processes+threads (default 1024; 0: no limit)."
+    ),
+    gpus: str = typer.Option(
+        None, "--gpus", help="GPUs on x86 GPU targets: a count, 'all', or 0,2 (default 1)."
+    ),
     control_token_file: Path = typer.Option(
         None,
         "--control-token-file",
         help="Turn on model load/unload, guarded by the bearer token in this file (kept in a volume or "
-        "a Swarm secret on the target, never in the image).",
+        "a Swarm secret on the target, never in the image; a swarm re-deploy without it keeps the "
+        "service's).",
     ),
     control_token_secret: str = typer.Option(
         None, "--control-token-secret", help="Kubernetes: the Secret whose key control-token holds it."
@@ -182,6 +194,7 @@ def deploy(
         if run_env.get(GRPC_PORT_ENV, str(grpc_port)) != str(grpc_port):
             raise UsageError(f"--grpc-port {grpc_port} and --env {GRPC_PORT_ENV}=... disagree; give one")
         run_env[GRPC_PORT_ENV] = str(grpc_port)  # what the image's entrypoint serves gRPC on
+    least = _least_privilege(user, cap_add, allow_privilege_escalation, pids_limit, gpus)
     if k8s is not None:
         from veo_edge.deploy import Workload
         from veo_edge.deploy.k8s_options import least_privilege
@@ -199,7 +212,7 @@ def deploy(
             cpus=cpus,
             env=run_env,
             control_token_secret=control_token_secret,
-            **least_privilege(user, cap_add or (), allow_privilege_escalation, pids_limit, gpus),
+            **least_privilege(**least),
         )
         from veo_edge.cli._deploy_k8s import k8s_render
 
@@ -213,13 +226,6 @@ def deploy(
         )
     from veo_edge.deploy import RunOptions, ServiceOptions
 
-    least = {
-        "user": user,
-        "cap_add": tuple(cap_add or ()),
-        "privilege_escalation": allow_privilege_escalation,
-        "pids_limit": pids_limit,
-        "gpus": gpus,
-    }
     if swarm:
         # what the command did not give, an update keeps from the running service (defaults: on create)
         given = {
@@ -231,6 +237,13 @@ def deploy(
             "update_delay_s": update_delay is not None,
             "memory": memory is not None,
             "cpus": cpus is not None,
+            "user": user is not None,
+            "cap_add": bool(cap_add),
+            "privilege_escalation": allow_privilege_escalation is not None,
+            "pids_limit": pids_limit is not None,
+            "gpus": gpus is not None,
+            "selinux_type": selinux_type is not None,
+            "control_token": control_token_file is not None,
         }
         plan = ServiceOptions(
             replicas=None if global_mode else (replicas or 1),
@@ -253,6 +266,20 @@ def deploy(
     with interrupt_on_signals():
         ship(args[0], _address(to, tls_ca, tls_cert, tls_key), name, target, registry, trusting, plan,
              control_token_file, timeout, json_out)  # fmt: skip
+
+
+def _least_privilege(user, cap_add, allow_privilege_escalation, pids_limit, gpus) -> dict:
+    """The least-privilege flags with their defaults filled in (``--cap-add none``: no capability)."""
+    from veo_edge.deploy.runopts import DEFAULT_PIDS_LIMIT, DEFAULT_USER
+
+    caps = tuple(c for c in cap_add or () if c.strip().lower() != "none")
+    return {
+        "user": DEFAULT_USER if user is None else user,
+        "cap_add": caps,
+        "privilege_escalation": bool(allow_privilege_escalation),
+        "pids_limit": DEFAULT_PIDS_LIMIT if pids_limit is None else pids_limit,
+        "gpus": "1" if gpus is None else gpus,
+    }
 
 
 def _address(to, tls_ca, tls_cert, tls_key):

@@ -16,8 +16,9 @@ a gRPC port an odd distance from ``--port`` never meets an HTTP port (an even on
 templates cannot add numbers, so the entrypoint and the healthcheck do it.
 
 A deploy that updates a service keeps what the command did not give (``ServiceOptions.keep``: replicas or
-mode, port, gRPC port, env, update pace, limits) from the running spec (:func:`inherit`); the defaults
-apply only when it creates the service.
+mode, port, gRPC port, env, update pace, limits, the least-privilege options and the model-control token's
+secret) from the running spec (:func:`inherit`); the defaults apply only when it creates the service.
+Read-only root, ``cap_drop=ALL`` and the ``/tmp`` tmpfs are no options: every release has them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 from veo_edge.deploy.profiles import GRPC_PORT_ENV, NODE_LABEL, ImageFacts, gpu_run, memory_bytes
 from veo_edge.deploy.runopts import DEFAULT_PIDS_LIMIT, DEFAULT_USER, gpu_request
+from veo_edge.deploy.ship import CONTROL_FILE
 from veo_edge.errors import UsageError
 
 SLOT_ENV = "VEO_EDGE_REPLICA_SLOT"
@@ -50,7 +52,19 @@ KEEPABLE = {
     "update_delay_s": "--update-delay",
     "memory": "--memory",
     "cpus": "--cpus",
+    "user": "--user",
+    "cap_add": "--cap-add",
+    "privilege_escalation": "--allow-privilege-escalation",
+    "pids_limit": "--pids-limit",
+    "gpus": "--gpus",
+    "selinux_type": "--selinux-type",
+    "control_token": "--control-token-file",
 }
+#: the service label that says a release runs without no-new-privileges (an engine older than API 1.46
+#: drops the Privileges field, so its absence in the spec cannot say it)
+LABEL_ESCALATION = "io.veo-edge.deploy.privilege-escalation"
+#: the model-control environment a ``--control-token-file`` sets (:func:`veo_edge.deploy.ship.control_token_secret`)
+CONTROL_ENV = ("VEO_EDGE_MODEL_CONTROL_MODE", "VEO_EDGE_CONTROL_TOKEN_FILE")
 #: environment a deploy sets itself (ports, the slot, the signer pin, model control): never kept as -e
 MANAGED_ENV = (
     SLOT_ENV,
@@ -164,7 +178,44 @@ def inherit(opts: ServiceOptions, spec: dict[str, Any], port_env: str) -> tuple[
     if "cpus" in opts.keep and limits.get("NanoCPUs"):
         change["cpus"] = limits["NanoCPUs"] / 1e9
         kept.append(f"--cpus {change['cpus']:g}")
+    _inherit_privilege(opts, spec, change, kept)
     return dataclasses.replace(opts, **change), kept
+
+
+def _inherit_privilege(opts: ServiceOptions, spec: dict[str, Any], change: dict, kept: list[str]) -> None:
+    """The least-privilege options and the control token's secret ``opts`` keeps, into ``change``/``kept``."""
+    task = spec.get("TaskTemplate") or {}
+    container = task.get("ContainerSpec") or {}
+    if "user" in opts.keep and container.get("User") and container["User"] != opts.user:
+        change["user"] = container["User"]
+        kept.append(f"--user {change['user']}")
+    if "cap_add" in opts.keep and container.get("CapabilityAdd"):
+        change["cap_add"] = tuple(container["CapabilityAdd"])
+        kept.append(f"--cap-add {','.join(change['cap_add'])}")
+    labels = spec.get("Labels") or {}
+    if "privilege_escalation" in opts.keep and labels.get(LABEL_ESCALATION) == "allowed":
+        change["privilege_escalation"] = True
+        kept.append("--allow-privilege-escalation")
+    limits = (task.get("Resources") or {}).get("Limits") or {}
+    if "pids_limit" in opts.keep and limits.get("Pids", opts.pids_limit) != opts.pids_limit:
+        change["pids_limit"] = int(limits["Pids"])
+        kept.append(f"--pids-limit {change['pids_limit']}")
+    wanted = ((task.get("Resources") or {}).get("Reservations") or {}).get("GenericResources") or []
+    gpus = [g["DiscreteResourceSpec"]["Value"] for g in wanted if "DiscreteResourceSpec" in g]
+    if "gpus" in opts.keep and gpus and str(gpus[0]) != opts.gpus:
+        change["gpus"] = str(gpus[0])
+        kept.append(f"--gpus {change['gpus']}")
+    selinux = ((container.get("Privileges") or {}).get("SELinuxContext") or {}).get("Type")
+    if "selinux_type" in opts.keep and selinux:
+        change["selinux_type"] = selinux
+        kept.append(f"--selinux-type {selinux}")
+    secrets = [s for s in container.get("Secrets") or [] if (s.get("File") or {}).get("Name") == CONTROL_FILE]
+    old = dict(e.split("=", 1) for e in container.get("Env") or [] if "=" in e)
+    if "control_token" in opts.keep and secrets and all(k in old for k in CONTROL_ENV):
+        # the same secret (by ID: secrets are immutable) and the environment that points the server at it
+        change["secrets"] = (*opts.secrets, *secrets)
+        change["env"] = {**change.get("env", opts.env), **{k: old[k] for k in CONTROL_ENV}}
+        kept.append(f"--control-token-file (secret {secrets[0]['SecretName']})")
 
 
 def constraint(target: str) -> str:
@@ -219,7 +270,8 @@ def service_spec(facts: ImageFacts, name: str, opts: ServiceOptions, image: str)
         "read_only": True,
         "user": opts.user,
         "cap_drop": ["ALL"],
-        "cap_add": list(opts.cap_add) or None,
+        # [] and not None: an engine keeps the running service's CapabilityAdd when an update leaves it out
+        "cap_add": list(opts.cap_add),
         "privileges": privileges or None,
         "secrets": list(opts.secrets) or None,
         "mounts": [
@@ -227,5 +279,9 @@ def service_spec(facts: ImageFacts, name: str, opts: ServiceOptions, image: str)
             t.Mount(target=facts.cache_dir, source=f"veo-edge-cache-{name}", type="volume"),
         ],
         "resources": resources,
-        "labels": {"io.veo-edge.deploy.image": facts.ref, "io.veo-edge.target": facts.target},
+        "labels": {
+            "io.veo-edge.deploy.image": facts.ref,
+            "io.veo-edge.target": facts.target,
+            **({LABEL_ESCALATION: "allowed"} if opts.privilege_escalation else {}),
+        },
     }
