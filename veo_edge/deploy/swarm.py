@@ -184,10 +184,13 @@ def deploy_service(
         # a bounded wait: the rollback takes a monitor window per task, which a short --timeout may not
         # cover; an interrupted deploy (a service manager's stop timeout) waits at most the minute
         wait_s = UNDO_WAIT_S if interrupted else max(timeout, UNDO_WAIT_S)
-        state = undo(client, name, version, wait_s, progress)
-        if interrupted:
+        state, again = undo(client, name, version, wait_s, progress)
+        if interrupted or again:  # an interrupt during the undo of a timed-out deploy is one too (130)
+            why = e if interrupted else None
             raise DeployInterruptedError(
-                f"interrupted ({e or 'Ctrl-C'}) while deploying {facts.ref} as service {name}; {state}"
+                f"interrupted ({why or 'Ctrl-C'}) while deploying {facts.ref} as service {name}"
+                + ("" if interrupted else f" ({e})")
+                + f"; {state}"
             ) from e
         raise UnhealthyReleaseError(f"{e}; {state}") from e
     result.kept = kept

@@ -18,9 +18,40 @@ from typing import Any
 from veo_edge.errors import DeployError
 
 
-def undo(client: Any, name: str, version: Any, wait_s: float, progress: Any = None) -> str:
+def undo(client: Any, name: str, version: Any, wait_s: float, progress: Any = None) -> tuple[str, bool]:
     """Roll the service ``name`` back (or remove it, when ``version`` is None: this deploy created it)
-    and wait up to ``wait_s`` for it to settle; ``version``: the service's version before the update."""
+    and wait up to ``wait_s`` for it to settle; ``version``: the service's version before the update.
+    (where the service stands, in words; whether an interrupt landed while the swarm was being asked:
+    the words then come from one look at the service)."""
+    try:
+        return _undo(client, name, version, wait_s, progress), False
+    except KeyboardInterrupt:
+        return _where(client, name), True
+
+
+def _where(client: Any, name: str) -> str:
+    """Where service ``name`` stands after an interrupt that landed while the swarm was asked to undo the
+    deploy: whether the swarm took the request is unknown, so one look at the service says."""
+    from veo_edge.deploy.swarm import _summary, _tasks
+
+    said = f"interrupted while asking the swarm to undo the deploy of service {name}"
+    todo = (
+        f"`veo-edge deploy status {name} --swarm` shows how it goes on, `veo-edge deploy rollback {name} "
+        "--swarm` asks for the rollback again"
+    )
+    try:
+        service = client.services.get(name)
+        spec = service.attrs.get("Spec") or {}
+        state = (service.attrs.get("UpdateStatus") or {}).get("State") or "no update status"
+        release = (spec.get("Labels") or {}).get("io.veo-edge.deploy.image") or "?"
+        return f"{said}; it stands at {state}, on {release} ({_summary(_tasks(service))}); {todo}"
+    except KeyboardInterrupt:
+        return f"{said}, and again while looking where it stands; {todo}"
+    except Exception as e:  # any failure of the one look (gone, engine down): said, not raised past the line
+        return f"{said}; where it stands could not be read ({type(e).__name__}: {e}); {todo}"
+
+
+def _undo(client: Any, name: str, version: Any, wait_s: float, progress: Any) -> str:
     from docker.errors import APIError, NotFound
 
     from veo_edge.deploy.swarm import request_rollback
