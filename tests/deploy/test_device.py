@@ -185,6 +185,38 @@ def test_bad_grpc_ports_and_registries_are_refused_before_any_engine() -> None:
         assert r.returncode == 2 and said in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        # slot 3's metrics port (8000 + 4) is slot 3's HTTP port, on the default layout
+        (
+            ["--replicas", "3", "-e", "VEO_EDGE_METRICS_PORT=8000"],
+            "slot 1 would serve metrics on 8000, the HTTP",
+        ),
+        (
+            ["--replicas", "3", "-e", "VEO_EDGE_METRICS_PORT=8003"],
+            "slot 1 would serve metrics on 8003, the gRPC",
+        ),
+        (
+            ["--replicas", "2", "-e", "VEO_EDGE_METRICS_PORT=7998"],
+            "slot 2 would serve metrics on 8000, the HTTP",
+        ),
+        (["--replicas", "2", "--grpc-port", "9001", "-e", "VEO_EDGE_METRICS_PORT=9003"], "on 9003, the gRPC"),
+        (["-e", "VEO_EDGE_METRICS_PORT=metrics"], "VEO_EDGE_METRICS_PORT=metrics is not a TCP port"),
+    ],
+)
+def test_a_swarm_metrics_port_that_meets_another_slots_port_is_refused_before_any_engine(args, said) -> None:
+    r = veo("deploy", "some/image:1", "--swarm", "--to", "unix:///nonexistent/docker.sock", *args)
+    assert r.returncode == 2 and said in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    if "slot" in said:
+        assert "give a port clear of them, e.g." in r.stderr
+    # clear of them (8000..8005 for three slots): refused only for the missing engine
+    r = veo("deploy", "some/image:1", "--swarm", "--to", "unix:///nonexistent/docker.sock", "--replicas", "3",
+            "-e", "VEO_EDGE_METRICS_PORT=8006")  # fmt: skip
+    assert r.returncode == 41, r.stderr
+
+
 def test_status_of_an_unknown_release_and_a_missing_image(docker_engine, device_engine) -> None:
     r = veo("deploy", "status", "no-such-release", "--to", device_engine.host)
     assert r.returncode == 44 and "no release named no-such-release" in r.stderr

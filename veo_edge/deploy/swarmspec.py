@@ -34,6 +34,10 @@ from veo_edge.deploy.ship import CONTROL_FILE
 from veo_edge.errors import UsageError
 
 SLOT_ENV = "VEO_EDGE_REPLICA_SLOT"
+#: the separate Prometheus port the image's entrypoint serves (-1 or unset: off), shifted per slot too
+METRICS_PORT_ENV = "VEO_EDGE_METRICS_PORT"
+#: the gRPC port the image's entrypoint serves when no deploy sets it
+IMAGE_GRPC_PORT = 8001
 #: the ports each slot takes on a node (HTTP, gRPC): slot s starts at --port + PORT_STRIDE * (s - 1)
 PORT_STRIDE = 2
 #: the /tmp tmpfs, as on one device (:mod:`.runopts`)
@@ -128,6 +132,37 @@ class ServiceOptions:
                 f"listen on interleaved ports (slot s: HTTP {self.port} + 2(s-1), gRPC + 2(s-1)), so "
                 f"another slot would take it for HTTP; give an odd distance (e.g. {self.port + 1}) or -1"
             )
+
+        self._check_metrics_port()
+
+    def _check_metrics_port(self) -> None:
+        """A ``-e VEO_EDGE_METRICS_PORT`` moves by 2 a slot as the others do: refused where one slot's
+        metrics port is another's (or its own) HTTP or gRPC port, on the layout this deploy makes."""
+        value = self.env.get(METRICS_PORT_ENV)
+        if value is None or value.strip() == "-1":
+            return
+        if not value.strip().isdigit() or not 0 < int(value) < 65536:
+            raise UsageError(f"-e {METRICS_PORT_ENV}={value} is not a TCP port (1..65535, or -1: off)")
+        slots = range(self.replicas or 1) if self.slotted else range(1)
+        grpc = self.env.get(GRPC_PORT_ENV, str(self.port + 1 if self.slotted else IMAGE_GRPC_PORT))
+        taken = {self.port + PORT_STRIDE * k: "HTTP" for k in slots}
+        if grpc.strip().isdigit():
+            taken.update({int(grpc) + PORT_STRIDE * k: "gRPC" for k in slots})
+        for k in slots:
+            metrics = int(value) + PORT_STRIDE * k
+            if metrics in taken or metrics > 65535:
+                clash = f"the {taken[metrics]} port of a replica" if metrics in taken else "past port 65535"
+                layout = (
+                    f"slot s: HTTP {self.port} + 2(s-1), gRPC {grpc} + 2(s-1), metrics {value} + 2(s-1), "
+                    f"{len(slots)} slot(s)"
+                    if self.slotted
+                    else f"HTTP {self.port}, gRPC {grpc}"
+                )
+                raise UsageError(
+                    f"-e {METRICS_PORT_ENV}={value}: slot {k + 1} would serve metrics on {metrics}, {clash} "
+                    f"({layout}); give a port clear of them, e.g. {max(taken) + 1 if max(taken) + 1 <= 65535 else 1024}"
+                    ", or -1"
+                )
 
     @property
     def slotted(self) -> bool:
