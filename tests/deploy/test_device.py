@@ -217,6 +217,23 @@ def test_a_swarm_metrics_port_that_meets_another_slots_port_is_refused_before_an
     assert r.returncode == 41, r.stderr
 
 
+@pytest.mark.parametrize("swarm", [[], ["--swarm"]])
+def test_net_bind_service_for_a_non_root_user_below_1024_is_refused_before_any_engine(swarm) -> None:
+    """On host networking a non-root server cannot bind below 1024 with --cap-add NET_BIND_SERVICE (no
+    ambient capability, no file capability on python): refused with what to do, not rolled back later."""
+    to = ("--to", "unix:///nonexistent/docker.sock", *swarm)
+    r = veo("deploy", "some/image:1", *to, "--port", "80", "--cap-add", "NET_BIND_SERVICE")
+    assert r.returncode == 2, r.stderr
+    assert "--port 80 with --cap-add NET_BIND_SERVICE and --user 10001:10001: a non-root server" in r.stderr
+    assert "sysctl -w net.ipv4.ip_unprivileged_port_start=80" in " ".join(r.stderr.split())
+    r = veo("deploy", "some/image:1", *to, "--grpc-port", "443", "--cap-add", "net_bind_service")
+    assert r.returncode == 2 and "--grpc-port 443 with --cap-add NET_BIND_SERVICE" in r.stderr, r.stderr
+    # root may use it, and a port of 1024 or more needs nothing: refused only for the missing engine
+    for ok in (["--port", "80", "--user", "0:0"], ["--port", "8080"]):
+        r = veo("deploy", "some/image:1", *to, "--cap-add", "NET_BIND_SERVICE", *ok)
+        assert r.returncode == 41, r.stderr
+
+
 def test_status_of_an_unknown_release_and_a_missing_image(docker_engine, device_engine) -> None:
     r = veo("deploy", "status", "no-such-release", "--to", device_engine.host)
     assert r.returncode == 44 and "no release named no-such-release" in r.stderr

@@ -168,6 +168,17 @@ def test_user_capabilities_escalation_and_gpus_reach_the_pod(tmp_path) -> None:
     assert "--gpus 2: target orin gets its one integrated GPU" in err and "Pod Security" not in err
 
 
+def test_a_port_below_1024_comes_from_the_pods_sysctl_not_a_capability(tmp_path) -> None:
+    pod, _, err = _render_cli(tmp_path, "cpu", "--port", "80", "--cap-add", "NET_BIND_SERVICE")
+    assert pod["securityContext"]["sysctls"] == [
+        {"name": "net.ipv4.ip_unprivileged_port_start", "value": "80"}
+    ]
+    assert pod["containers"][0]["ports"][0]["containerPort"] == 80
+    assert "--cap-add NET_BIND_SERVICE: the pod's non-root server cannot use it" in err
+    pod, _, _ = _render_cli(tmp_path / "high", "cpu")  # 8000/8001: no sysctl
+    assert "sysctls" not in pod["securityContext"]
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

@@ -104,3 +104,24 @@ def test_two_flags_on_one_port_are_one_line_before_any_bind(nano_build: Path) ->
     assert proc.returncode == 2 and lines == [
         f"error: --grpc-port and --metrics-port are both {port}; give each its own port"
     ], lines
+
+
+def test_a_port_below_1024_that_cannot_be_bound_says_why(nano_build: Path) -> None:
+    """EACCES on a low port names the capability and the sysctl (a non-root server in a container gets
+    no CAP_NET_BIND_SERVICE from --cap-add); as root, run without that capability (setpriv)."""
+    import shutil
+
+    floor = int(Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text())
+    if floor <= 81:
+        pytest.skip(f"net.ipv4.ip_unprivileged_port_start is {floor} here: anyone may bind port 81")
+    prefix = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root here, and no setpriv to drop CAP_NET_BIND_SERVICE")
+        prefix = ["setpriv", "--bounding-set=-net_bind_service"]
+    argv = [sys.executable, "-m", "veo_edge.cli.main", "serve", str(nano_build), "--port", "81"]
+    r = subprocess.run([*prefix, *argv, "--grpc-port", "-1", "--metrics-port", "-1"],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert "cannot listen for HTTP on 127.0.0.1:81: Permission denied (a port below 1024 needs" in r.stderr
+    assert "net.ipv4.ip_unprivileged_port_start at 81 or lower" in r.stderr, r.stderr

@@ -37,6 +37,8 @@ K8S_VERSION = "1.31.0"
 GPU_STARTUP_S = 30 * 60
 CPU_STARTUP_S = 5 * 60
 DEFAULT_UID = 10001
+#: the pod sysctl that lets a non-root server listen below 1024 (safe, kubelet 1.22+; baseline PSS)
+UNPRIVILEGED_PORT_SYSCTL = "net.ipv4.ip_unprivileged_port_start"
 #: the KServe v2 gRPC port a veo-edge image serves unless VEO_EDGE_GRPC_PORT says otherwise
 DEFAULT_GRPC_PORT = 8001
 TRUSTED_KEY_ENV = "VEO_EDGE_TRUSTED_KEY"
@@ -176,6 +178,11 @@ def render(w: Workload) -> dict[str, dict[str, Any]]:
     env = _env(w)
     grpc = _grpc_port(w, env)
     ports = [("http", w.port)] + ([("grpc", grpc)] if grpc else [])
+    lowest = min(p for _, p in ports)
+    if lowest < 1024:
+        # a non-root server cannot use NET_BIND_SERVICE (it is not ambient and python has no file
+        # capabilities); the pod's own network namespace may lower the floor instead, a safe sysctl
+        pod_sc["sysctls"] = [{"name": UNPRIVILEGED_PORT_SYSCTL, "value": str(lowest)}]
     container = {
         "name": "server",
         "image": w.image,

@@ -79,6 +79,12 @@ def notes(w: Workload) -> list[str]:
             f"--cap-add {','.join(extra)}: the restricted Pod Security Standard allows adding only "
             "NET_BIND_SERVICE; a namespace enforcing it refuses this pod"
         )
+    if "NET_BIND_SERVICE" in w.cap_add:
+        out.append(
+            "--cap-add NET_BIND_SERVICE: the pod's non-root server cannot use it (not ambient; python has "
+            "no file capabilities); a --port below 1024 works through the pod's sysctl "
+            "net.ipv4.ip_unprivileged_port_start, which the manifests set, so the capability can be left out"
+        )
     if w.privilege_escalation:
         out.append(
             "--allow-privilege-escalation: allowPrivilegeEscalation: true; a namespace enforcing the "

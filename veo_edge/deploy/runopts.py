@@ -10,6 +10,12 @@
 | read-only root, a 64 MiB ``/tmp`` tmpfs, the cache volume the only other writable place | (none) |
 
 Jetson's GPU comes through ``--runtime nvidia`` (all of its one integrated GPU); cpu targets get none.
+
+A port below 1024 is not a ``--cap-add NET_BIND_SERVICE`` away for a non-root ``--user``: Docker puts an
+added capability in the bounding and permitted sets but not the ambient one, so the server (python, no
+file capabilities, under no-new-privileges) runs without it, and on host networking the floor is the
+device's ``net.ipv4.ip_unprivileged_port_start``, which a container on the host's network cannot set.
+:func:`check_low_ports` refuses that combination before anything is deployed.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from veo_edge.deploy.profiles import ImageFacts, gpu_run
+from veo_edge.deploy.profiles import GRPC_PORT_ENV, ImageFacts, gpu_run
 from veo_edge.errors import UsageError
 
 DEFAULT_USER = "10001:10001"
@@ -59,9 +65,32 @@ class RunOptions:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?", self.user):
             raise UsageError(f"--user {self.user!r} is not UID[:GID] or NAME[:GROUP]")
         gpu_request(self.gpus)
+        check_low_ports(self.user, self.cap_add, self.port, self.env)
 
     def volume(self, name: str) -> str:
         return self.cache_volume or f"veo-edge-cache-{name}"
+
+
+def check_low_ports(user: str, cap_add: tuple[str, ...], port: int, env: dict[str, str]) -> None:
+    """Refuse ``--cap-add NET_BIND_SERVICE`` for a non-root ``user`` whose server would listen below 1024
+    (HTTP ``port``, or the gRPC/metrics port ``env`` sets): it cannot work (module docstring)."""
+    caps = {c.strip().upper().removeprefix("CAP_") for c in cap_add}
+    if "NET_BIND_SERVICE" not in caps or user.split(":")[0] in ("0", "root"):
+        return
+    ports = {"--port": port}
+    for flag, key in (("--grpc-port", GRPC_PORT_ENV), ("VEO_EDGE_METRICS_PORT", "VEO_EDGE_METRICS_PORT")):
+        if env.get(key, "").strip().isdigit():
+            ports[flag] = int(env[key])
+    low = {flag: p for flag, p in ports.items() if 0 < p < 1024}
+    if low:
+        flag, p = next(iter(low.items()))
+        raise UsageError(
+            f"{flag} {p} with --cap-add NET_BIND_SERVICE and --user {user}: a non-root server cannot use "
+            "that capability (Docker does not make it ambient, and python has no file capabilities), and "
+            "on host networking a container cannot lower the device's net.ipv4.ip_unprivileged_port_start "
+            f"(1024 by default); use {flag} 1024 or above (e.g. 8080 behind a proxy), or run `sysctl -w "
+            f"net.ipv4.ip_unprivileged_port_start={p}` on the device and leave --cap-add NET_BIND_SERVICE out"
+        )
 
 
 def gpu_request(gpus: str) -> dict[str, Any]:

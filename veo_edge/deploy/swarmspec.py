@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from veo_edge.deploy.profiles import GRPC_PORT_ENV, NODE_LABEL, ImageFacts, gpu_run, memory_bytes
-from veo_edge.deploy.runopts import DEFAULT_PIDS_LIMIT, DEFAULT_USER, gpu_request
+from veo_edge.deploy.runopts import DEFAULT_PIDS_LIMIT, DEFAULT_USER, check_low_ports, gpu_request
 from veo_edge.deploy.ship import CONTROL_FILE
 from veo_edge.errors import UsageError
 
@@ -134,6 +134,7 @@ class ServiceOptions:
             )
 
         self._check_metrics_port()
+        check_low_ports(self.user, self.cap_add, self.port, self.env)
 
     def _check_metrics_port(self) -> None:
         """A ``-e VEO_EDGE_METRICS_PORT`` moves by 2 a slot as the others do: refused where one slot's

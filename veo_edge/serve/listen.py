@@ -6,6 +6,7 @@ no grpcio finaliser runs after the loop has closed).
 
 from __future__ import annotations
 
+import errno
 import socket
 from typing import Any
 
@@ -27,8 +28,15 @@ def bind_http(
         sock.listen(backlog)
     except OSError as e:
         sock.close()
+        low = (
+            f" (a port below 1024 needs CAP_NET_BIND_SERVICE in effect, as root has it, or "
+            f"net.ipv4.ip_unprivileged_port_start at {port} or lower; --cap-add NET_BIND_SERVICE does not "
+            "give it to a non-root process in a container)"
+            if e.errno == errno.EACCES and 0 < port < 1024
+            else ""
+        )
         raise UsageError(
-            f"cannot listen for {what} on {host}:{port}: {e.strerror or e}; {_choose(flag)}"
+            f"cannot listen for {what} on {host}:{port}: {e.strerror or e}{low}; {_choose(flag)}"
         ) from e
     return sock
 
