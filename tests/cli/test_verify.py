@@ -96,7 +96,7 @@ def test_a_tampered_artifact_is_refused_by_verify_and_by_its_loader(kind, damage
 def test_serve_refuses_a_tampered_model_before_listening(nano_build, copy_build):
     build = copy_build(nano_build)
     flip_byte(build / "openvino" / "model.bin")
-    r = veo("serve", build, "--port", "0", timeout=120)
+    r = veo("serve", build, "--port", "0", "--grpc-port", "0", "--metrics-port", "0", timeout=120)
     assert r.returncode == TAMPERED, r.stderr
     assert "openvino/model.bin has sha256" in one_line(r)
 
@@ -175,7 +175,7 @@ def test_a_missing_golden_canary_is_a_clear_error_at_start(nano_build, copy_buil
     canary_unusable = 22  # healthcheck's code for a golden canary it cannot use
     for command, code in (
         (["healthcheck", "--build-dir", build], canary_unusable),
-        (["serve", build, "--port", "0"], canary_unusable),
+        (["serve", build, "--port", "0", "--grpc-port", "0", "--metrics-port", "0"], canary_unusable),
         (["verify", build], NOT_A_BUILD),
     ):
         r = veo(*command)

@@ -126,7 +126,18 @@ def test_a_policy_that_cannot_hold_is_refused_at_start(nano_build, args, env, me
     import os
 
     proc = subprocess.run(
-        [sys.executable, "-m", "veo_edge.cli.main", "serve", str(nano_build), "--port", "0", *args],
+        [
+            sys.executable,
+            "-m",
+            "veo_edge.cli.main",
+            "serve",
+            str(nano_build),
+            "--port",
+            "0",
+            "--grpc-port",
+            "0",
+            *args,
+        ],
         capture_output=True,
         text=True,
         timeout=120,

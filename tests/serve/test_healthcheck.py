@@ -149,7 +149,19 @@ def test_server_with_corrupted_golden_refuses_to_start(nano_build, copy_build, t
     """A golden output that no longer matches the manifest is refused at start, not a 503 later."""
     bad = _corrupt_golden(copy_build(nano_build))
     r = subprocess.run(
-        [sys.executable, "-m", "veo_edge.cli.main", "serve", str(bad), "--port", "0", "--metrics-port", "0"],
+        [
+            sys.executable,
+            "-m",
+            "veo_edge.cli.main",
+            "serve",
+            str(bad),
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--grpc-port",
+            "0",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

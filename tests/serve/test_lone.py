@@ -151,7 +151,21 @@ def test_a_bad_bound_is_refused_in_one_line_by_its_flag(nano_build, tmp_path, fl
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "veo_edge.cli.main", "serve", str(nano_build), flag, value],
+        [
+            sys.executable,
+            "-m",
+            "veo_edge.cli.main",
+            "serve",
+            str(nano_build),
+            "--port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+            flag,
+            value,
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,
