@@ -66,6 +66,7 @@ def server(tmp_path: Path):
                 )
             time.sleep(0.1)
         _start.http = f"http://127.0.0.1:{port}"
+        _start.proc = proc  # the last server started, for a test that stops it mid-run
         return f"grpc://127.0.0.1:{grpc_port}" if grpc else _start.http
 
     yield _start

@@ -125,16 +125,19 @@ def test_unreachable_server_leaves_no_run_dir(capsys, tmp_path: Path):
 def test_a_run_too_short_for_a_verdict_is_said_with_the_least_that_works():
     u = "http://127.0.0.1:1"
     short = SoakConfig(duration_s=5, url=u).too_short()
-    assert "a whole 5.0s window and the leak fit 8 samples at 1.0s" in short and "with at least 9.0s" in short
-    assert SoakConfig(duration_s=9, url=u).too_short() is None  # 8.1 s after 0.9 s: 8 samples, a window
-    assert SoakConfig(duration_s=8.8, url=u).too_short() is not None
-    assert "with at least 1m06s" in SoakConfig(duration_s=60, url=u, warmup_s=58).too_short()
+    assert (
+        "2 whole 5.0s windows and the leak fit 8 samples at 1.0s" in short and "with at least 12.0s" in short
+    )
+    assert "those checks will read skipped" in short
+    assert SoakConfig(duration_s=12, url=u).too_short() is None  # 10.8 s after 1.2 s: 2 windows, 8 samples
+    assert SoakConfig(duration_s=11, url=u).too_short() is not None
+    assert "with at least 1m08s" in SoakConfig(duration_s=60, url=u, warmup_s=58).too_short()
     assert SoakConfig(duration_s=3, url=u, window_s=1, sample_s=0.2).too_short() is None
     assert SoakConfig(duration_s=72 * 3600, url=u).too_short() is None
     # over gRPC without --metrics-url no memory is sampled: only the jitter's window is needed
     grpc = SoakConfig(duration_s=5, url="grpc://127.0.0.1:1").too_short()
-    assert "a whole 5.0s window: the verdict will fail" in grpc and "leak" not in grpc
-    assert SoakConfig(duration_s=6, url="grpc://127.0.0.1:1").too_short() is None
+    assert "2 whole 5.0s windows: those checks will read skipped" in grpc and "leak" not in grpc
+    assert SoakConfig(duration_s=12, url="grpc://127.0.0.1:1").too_short() is None
 
 
 def test_the_progress_line_says_dash_until_the_first_window(capsys):

@@ -93,7 +93,12 @@ def run(
         "over HTTP; over gRPC none, e.g. http://127.0.0.1:8002/metrics).",
     ),
     duration: str = typer.Option(None, "--duration", "-d", help="How long: 30s, 10m, 72h, 1h30m."),
-    rate: float = typer.Option(None, "--rate", help="Open loop: requests per second (fixed arrivals)."),
+    rate: float = typer.Option(
+        None,
+        "--rate",
+        help="Open loop: requests per second (fixed arrivals; latency from the scheduled send; arrivals "
+        "the client cannot send are counted as not sent and fail the run).",
+    ),
     concurrency: int = typer.Option(None, "--concurrency", "-c", help="Closed loop: clients (default 1)."),
     batch: int = typer.Option(1, "--batch", help="Samples per request."),
     out: Path = typer.Option(None, "--out", "-o", help="Run directory (new; default ./soak-DATE-TIME)."),
@@ -101,7 +106,11 @@ def run(
     window: str = typer.Option("5s", "--window", help="Latency window (histogram, p50/p99 per window)."),
     sample_interval: str = typer.Option("1s", "--sample-interval", help="Resource sampling interval."),
     warmup: str = typer.Option(None, "--warmup", help="Warm-up left out of fits (10% of the run, <= 10m)."),
-    timeout: str = typer.Option("30s", "--timeout", help="A request without an answer by then is a timeout."),
+    timeout: str = typer.Option(
+        "30s",
+        "--timeout",
+        help="A request without an answer by then (open loop: counted from its scheduled send) is a timeout.",
+    ),
     backend: str = typer.Option("auto", "--backend", "-b", help="In-process backend: auto, onnxruntime, ..."),
     policy: str = typer.Option(
         None, "--policy", help="In-process fallback order, e.g. onnxruntime,openvino."

@@ -10,8 +10,12 @@ Definitions (the README's "Soak" section states the same):
 - **Leak rate** (bytes/hour): the Theil–Sen slope of a memory series against time after warm-up, with
   its 95 % confidence interval (``scipy.stats.theilslopes``), per segment; the headline is the longest
   segment. It passes when the interval contains 0 or its upper end is below the floor.
-- **Lost**: requests issued but never answered, in segments that ended cleanly (a SIGKILLed segment's
+- **Not sent**: arrivals the client itself did not send (open loop: its backlog full, waiting there past
+  the timeout, or still queued at the end); the offered rate was then not sustained.
+- **Lost**: requests sent but never answered, in segments that ended cleanly (a SIGKILLed segment's
   in-flight requests are counted apart, as ``in_flight_when_killed``).
+- **Disk rate**: the growth of the database (its pages, WAL included) after the first window, so the
+  fixed size of an empty run directory is not extrapolated as a rate.
 
 The percentiles and fits are computed in :mod:`veo_edge.soak.fits`; the checks against the thresholds
 are :func:`veo_edge.soak.verdict.verdict`, re-exported here.
@@ -33,6 +37,8 @@ __all__ = ["MIN_FIT_SAMPLES", "REPORT_FORMAT", "REPORT_VERSION", "analyse", "ver
 REPORT_FORMAT = "veo-edge-soak-report"
 REPORT_VERSION = 1
 MIN_WINDOW_SAMPLES = 10
+#: the jitter (a half-range of window medians) needs this many windows; fewer reads as skipped
+MIN_JITTER_WINDOWS = 2
 #: per-window detail kept in the report (consecutive windows merged beyond: see ``windows_stride``)
 MAX_WINDOWS_KEPT = 2000
 LEAK_SERIES = ("rss", "uss", "gpu_used", "pool_in_use")
@@ -63,12 +69,17 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     group: list[dict[str, Any]] = []
     p50s: list[float] = []
     per_seg: dict[int, dict[str, int]] = {s["id"]: {"issued": 0, "done": 0} for s in segments}
-    totals = {"issued": 0, "ok": 0, "errors": 0, "timeouts": 0}
+    totals = {"issued": 0, "ok": 0, "errors": 0, "timeouts": 0, "not_sent": 0}
+    kinds: dict[str, int] | None = None  # errors by kind (None: a run recorded before they were counted)
     for w in store.rows("windows"):
         for k in totals:
-            totals[k] += w[k]
+            totals[k] += w.get(k) or 0
+        if w.get("kinds"):
+            kinds = kinds or {}
+            for k, n in json.loads(w["kinds"]).items():
+                kinds[k] = kinds.get(k, 0) + n
         per_seg[w["segment"]]["issued"] += w["issued"]
-        per_seg[w["segment"]]["done"] += w["ok"] + w["errors"] + w["timeouts"]
+        per_seg[w["segment"]]["done"] += w["ok"] + w["errors"] + w["timeouts"] + (w.get("not_sent") or 0)
         span = max(w["t1"] - w["t0"], 1e-9)
         entry = {
             "t0": w["t0"],
@@ -76,6 +87,7 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
             "segment": w["segment"],
             "rps": w["ok"] / span,
             "errors": w["errors"] + w["timeouts"],
+            "not_sent": w.get("not_sent") or 0,
             "warm": warmed(w["segment"], w["t0"]),
             **{
                 k: (w[f"{k}_us"] / 1e3 if w[f"{k}_us"] is not None else None)
@@ -101,12 +113,13 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     )
     killed = [s for s in segments if s["ended_wall"] is None]
     in_flight_killed = sum(per_seg[s["id"]]["issued"] - per_seg[s["id"]]["done"] for s in killed)
-    error_kinds: dict[str, int] = {}
+    error_kinds: dict[str, int] = dict(sorted((kinds or {}).items(), key=lambda kv: -kv[1]))
     first_errors: list[str] = []
     events = []
     for e in store.rows("events"):
         if e["kind"] in ("error", "timeout", "backlog"):
-            error_kinds[e["kind"]] = error_kinds.get(e["kind"], 0) + 1
+            if kinds is None and e["kind"] != "backlog":  # an old run: only its kept messages say
+                error_kinds[e["kind"]] = error_kinds.get(e["kind"], 0) + 1
             if len(first_errors) < 10:
                 first_errors.append(f"{e['t']:.1f}s {e['kind']}: {e['detail']}")
         elif len(events) < 200:
@@ -119,7 +132,8 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
         "windows": len(p50s),
         "p50_min_ms": min(p50s) if p50s else None,
         "p50_max_ms": max(p50s) if p50s else None,
-        "jitter_ms": (max(p50s) - min(p50s)) / 2 if p50s else None,
+        "jitter_ms": (max(p50s) - min(p50s)) / 2 if len(p50s) >= MIN_JITTER_WINDOWS else None,
+        "min_windows": MIN_JITTER_WINDOWS,
         "tail_ms": (steady_p["p99"] - steady_p["p50"]) if steady_p else None,
     }
 
@@ -133,6 +147,8 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     counted_by_seg: dict[tuple[str, int], list[dict]] = {}  # faults / retries by backend
     first_last: dict[str, list[Any]] = {}
     n_samples = 0
+    probes: dict[str, Any] = {"probes": 0, "failed": 0, "down_at_s": None, "down_at_end": None}
+    db_pts: list[tuple[float, float]] = []  # the database's size, after the first window
     for s in store.rows("samples"):
         n_samples += 1
         for k in (*LEAK_SERIES, "fds", "threads"):
@@ -157,6 +173,15 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
             backends.append(s["active_backend"])
         if s["extra"]:
             extra = json.loads(s["extra"])
+            if extra.get("live") is not None:
+                probes["probes"] += 1
+                probes["down_at_end"] = not extra["live"]
+                if not extra["live"]:
+                    probes["failed"] += 1
+                    if probes["down_at_s"] is None:
+                        probes["down_at_s"] = s["t"]
+            if extra.get("db_bytes") is not None and s["t"] >= config.window_s:
+                db_pts.append((s["t"], float(extra["db_bytes"])))
             recoveries = max(recoveries, extra.get("recoveries", 0) or 0)
             seg_injected = injected_by_seg.setdefault(s["segment"], {})
             for rule, n in (extra.get("injected") or {}).items():
@@ -218,12 +243,21 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
         ],
     }
     db_bytes = store.size_bytes()
+    sent = totals["issued"] - totals["not_sent"]
     report: dict[str, Any] = {
         "format": REPORT_FORMAT,
         "version": REPORT_VERSION,
         "run": run,
         "requests": {
             **totals,
+            "sent": sent,
+            # open loop: the rate asked for, and the shares of it sent and answered (arrivals are exact)
+            "offered_rps": config.rate,
+            "sent_rps": config.rate * sent / totals["issued"] if config.rate and totals["issued"] else None,
+            "answered_rps": config.rate * totals["ok"] / totals["issued"]
+            if config.rate and totals["issued"]
+            else None,
+            "latency_from": "scheduled send (open loop)" if config.rate else "actual send (closed loop)",
             "lost": lost,
             "in_flight_when_killed": in_flight_killed,
             "samples_per_request": config.batch,
@@ -246,12 +280,9 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
         "chaos": _chaos(config.chaos, injected_by_seg),
         "fragmentation": fragmentation,
         "resources": {k: {"first": v[0], "last": v[1]} for k, v in first_last.items()},
-        "disk": {
-            "db_bytes": db_bytes,
-            "bytes_per_hour": db_bytes / (recorded / 3600.0) if recorded > 0 else None,
-            "samples": n_samples,
-            "windows": len(windows),
-        },
+        "disk": {"db_bytes": db_bytes, **_disk_rate(db_pts, db_bytes, recorded, store.page_size())}
+        | {"samples": n_samples, "windows": len(windows)},
+        "server": probes if probes["probes"] else None,
         "events": events,
         "windows": windows,
         "windows_stride": stride,
@@ -285,6 +316,26 @@ def _chaos(schedule: dict[str, Any] | None, by_segment: dict[int, dict[str, int]
     return {"schedule": schedule, "injected": injected, "total": sum(injected.values())}
 
 
+def _disk_rate(pts: list[tuple[float, float]], db_bytes: int, recorded: float, page: int) -> dict[str, Any]:
+    """Bytes per hour the database grew after the first window (its fixed size left out); a run recorded
+    before the size was sampled, or too short to have two samples after its first window, falls back to
+    the file over the whole run, which includes that fixed size (said in ``basis``)."""
+    if len(pts) >= 2 and pts[-1][0] - pts[0][0] > 0:
+        rate = (pts[-1][1] - pts[0][1]) / ((pts[-1][0] - pts[0][0]) / 3600.0)
+        span_h = (pts[-1][0] - pts[0][0]) / 3600.0
+        basis = (
+            f"growth of the database from {pts[0][0]:.0f} s to {pts[-1][0]:.0f} s, after the first window, "
+            f"in {page // 1024} KiB pages: ±{page / span_h / (1 << 20):.3g} MiB/h over this span"
+        )
+        return {"bytes_per_hour": rate, "basis": basis}
+    if recorded > 0:
+        return {
+            "bytes_per_hour": db_bytes / (recorded / 3600.0),
+            "basis": "whole file over the run, its fixed size included (an upper bound)",
+        }
+    return {"bytes_per_hour": None, "basis": None}
+
+
 def _merge(group: list[dict[str, Any]]) -> dict[str, Any]:
     """Consecutive windows as one: medians of p50, maxima of the upper percentiles, summed counts."""
     if len(group) == 1:
@@ -302,6 +353,7 @@ def _merge(group: list[dict[str, Any]]) -> dict[str, Any]:
         "segment": group[-1]["segment"],
         "rps": sum(w["rps"] * (w["t1"] - w["t0"]) for w in group) / span,
         "errors": sum(w["errors"] for w in group),
+        "not_sent": sum(w["not_sent"] for w in group),
         "warm": all(w["warm"] for w in group),
         "p50": p50s[len(p50s) // 2] if p50s else None,
         **{k: top(k) for k in ("p90", "p99", "p999", "max")},

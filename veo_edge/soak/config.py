@@ -136,13 +136,18 @@ class SoakConfig:
         return self.warmup_s if self.warmup_s is not None else min(0.1 * self.duration_s, 600.0)
 
     def too_short(self) -> str | None:
-        """Why this duration cannot give a verdict that passes, or None: after the warm-up the jitter needs
-        one whole ``--window`` and the leak fit ``MIN_FIT_SAMPLES`` resource samples."""
+        """Why this duration cannot give every check a value, or None: after the warm-up the jitter needs
+        ``MIN_JITTER_WINDOWS`` whole ``--window``s and the leak fit ``MIN_FIT_SAMPLES`` resource samples
+        (without them those checks read skipped)."""
+        from veo_edge.soak.analyse import MIN_JITTER_WINDOWS
         from veo_edge.soak.fits import MIN_FIT_SAMPLES
         from veo_edge.soak.units import format_duration as fmt
 
         left = self.duration_s - self.warmup
-        need = max(self.window_s, MIN_FIT_SAMPLES * self.sample_s if self.samples_memory else 0.0)
+        need = max(
+            MIN_JITTER_WINDOWS * self.window_s,
+            MIN_FIT_SAMPLES * self.sample_s if self.samples_memory else 0.0,
+        )
         if left >= need:
             return None
         if self.warmup_s is not None:
@@ -152,14 +157,18 @@ class SoakConfig:
         least = float(math.ceil(least))
         return (
             f"--duration {fmt(self.duration_s)} leaves {fmt(max(left, 0.0))} after the {fmt(self.warmup)} "
-            f"warm-up, but the jitter needs a whole {fmt(self.window_s)} window"
+            f"warm-up, but the jitter needs {MIN_JITTER_WINDOWS} whole {fmt(self.window_s)} windows"
             + (
                 f" and the leak fit {MIN_FIT_SAMPLES} samples at {fmt(self.sample_s)}"
                 if self.samples_memory
                 else ""
             )
-            + f": the verdict will fail; give every check a value with at least {fmt(least)}, or shorten "
-            + ("--window, --sample-interval or --warmup" if self.samples_memory else "--window or --warmup")
+            + f": those checks will read skipped; give every check a value with at least {fmt(least)}, or "
+            + (
+                "shorten --window, --sample-interval or --warmup"
+                if self.samples_memory
+                else "shorten --window or --warmup"
+            )
         )
 
     @property

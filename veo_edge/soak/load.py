@@ -1,14 +1,18 @@
 """Load: open loop (a fixed arrival rate) or closed loop (C clients), recorded into per-window
 HdrHistograms so memory stays bounded whatever the duration.
 
-Open loop measures each request's latency from its *scheduled* arrival, not from when a worker got to
-it, so a stall shows as latency (no coordinated omission) rather than as a lower rate. Arrivals that
-find the client's backlog full are recorded as errors (``backlog``), never silently skipped.
+Open loop measures each request's latency from its *scheduled* send time, not from when a worker got to
+it, so a stall shows as latency (no coordinated omission) rather than as a lower rate; closed loop
+measures from the actual send. Either way an answer later than the timeout is a timeout, and a request
+is sent with what is left of its timeout. Arrivals the client could not send (its backlog full, waiting
+there past the timeout, or still queued at the end of the run) are counted as ``not_sent``, apart from
+the server's errors: the offered rate was then not sustained.
 """
 
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from typing import Any
@@ -21,6 +25,10 @@ from veo_edge.soak.targets import RequestError
 LOWEST_US, HIGHEST_US, SIG_FIGS = 1, 600_000_000, 3
 #: error messages kept per window (counts are always complete)
 ERRORS_KEPT = 5
+#: the open loop's client backlog: arrivals of this many seconds, at most MAX_BACKLOG
+BACKLOG_S, MAX_BACKLOG = 10.0, 100_000
+#: the error kind of arrivals the client did not send
+NOT_SENT = "not sent: client backlog"
 
 
 def new_histogram():
@@ -35,12 +43,33 @@ def decode_histogram(encoded: str | bytes):
     return HdrHistogram.decode(encoded)
 
 
+_HTTP = re.compile(r"HTTP (\d{3})")
+_EXC = re.compile(r"\b([A-Z][A-Za-z]*(?:Error|Exception|Disconnected|Timeout))\b")
+
+
+def error_label(kind: str, message: str | None) -> str:
+    """A short class of a failed request for ``error_kinds``: ``timeout``, ``error: HTTP 503``,
+    ``error: ConnectionRefusedError``, ``error: malformed answer``, else ``error``."""
+    if kind != "error" or not message:
+        return kind
+    m = _HTTP.search(message)
+    if m:
+        return f"error: HTTP {m.group(1)}"
+    if message.startswith("malformed answer"):
+        return "error: malformed answer"
+    m = _EXC.search(message)
+    return f"error: {m.group(1)}" if m else "error"
+
+
 class Recorder:
-    """Outcomes of the current window; ``roll`` hands the window over and starts the next."""
+    """Outcomes of the current window; ``roll`` hands the window over and starts the next.
+
+    Every arrival is ``issue``d once and ends once: answered, an error, a timeout or not sent;
+    ``pending`` is those not ended yet (in flight, or queued in the client's backlog)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.in_flight = 0
+        self.pending = 0
         self.total_ok = 0
         self.total_errors = 0
         # two histograms for the whole run, swapped at each window: no allocation per window, and the
@@ -49,17 +78,28 @@ class Recorder:
         self._reset()
 
     def _reset(self) -> None:
-        self._issued = self._ok = self._errors = self._timeouts = 0
+        self._issued = self._ok = self._errors = self._timeouts = self._not_sent = 0
+        self._kinds: dict[str, int] = {}
         self._messages: list[tuple[str, str]] = []
 
-    def issue(self) -> None:
+    def issue(self, n: int = 1) -> None:
         with self._lock:
-            self._issued += 1
-            self.in_flight += 1
+            self._issued += n
+            self.pending += n
+
+    def not_sent(self, n: int, why: str) -> None:
+        """``n`` issued arrivals the client did not send (``why``: its backlog full, ...)."""
+        if n <= 0:
+            return
+        with self._lock:
+            self.pending -= n
+            self._not_sent += n
+            if len(self._messages) < ERRORS_KEPT:
+                self._messages.append(("backlog", f"{n} not sent: {why}"))
 
     def complete(self, latency_us: float, kind: str = "ok", message: str | None = None) -> None:
         with self._lock:
-            self.in_flight -= 1
+            self.pending -= 1
             if kind == "ok":
                 self._ok += 1
                 self.total_ok += 1
@@ -69,7 +109,10 @@ class Recorder:
             if kind == "timeout":
                 self._timeouts += 1
             else:
+                kind = "error"
                 self._errors += 1
+            label = error_label(kind, message)
+            self._kinds[label] = self._kinds.get(label, 0) + 1
             if len(self._messages) < ERRORS_KEPT:
                 self._messages.append((kind, message or kind))
 
@@ -77,18 +120,20 @@ class Recorder:
         """The finished window as a ``windows`` row, and its kept error messages."""
         with self._lock:
             h, self._hist = self._hist, self._spare
-            issued, ok, errors, timeouts, messages = (
-                self._issued,
-                self._ok,
-                self._errors,
-                self._timeouts,
-                self._messages,
+            counts = dict(
+                issued=self._issued,
+                ok=self._ok,
+                errors=self._errors,
+                timeouts=self._timeouts,
+                not_sent=self._not_sent,
+                kinds=dict(self._kinds) or None,
             )
+            messages = self._messages
             self._reset()
         row = self._summary(h)
         h.reset()
         self._spare = h  # roll is called from one thread only
-        row.update(t0=t0, t1=t1, issued=issued, ok=ok, errors=errors, timeouts=timeouts)
+        row.update(t0=t0, t1=t1, **counts)
         return row, messages
 
     @staticmethod
@@ -112,7 +157,8 @@ class Recorder:
 
 
 class LoadDriver:
-    """Drive ``target.call(batch)`` open loop (``rate`` requests/s) or closed loop (``concurrency``)."""
+    """Drive ``target.call(batch, timeout_s)`` open loop (``rate`` requests/s) or closed loop
+    (``concurrency``), each request bounded by ``timeout_s``."""
 
     def __init__(
         self,
@@ -124,14 +170,16 @@ class LoadDriver:
         concurrency: int | None = None,
         workers: int = 32,
         max_backlog: int | None = None,
+        timeout_s: float = 30.0,
     ) -> None:
         self.target = target
         self.batch = batch
         self.recorder = recorder
         self.rate = rate
         self.concurrency = concurrency
+        self.timeout_s = timeout_s
         self.workers = workers if rate is not None else int(concurrency or 1)
-        self.max_backlog = max_backlog or max(64, int((rate or 0) * 10))
+        self.max_backlog = max_backlog or max(64, min(int((rate or 0) * BACKLOG_S), MAX_BACKLOG))
         self._stop = threading.Event()
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
@@ -152,31 +200,41 @@ class LoadDriver:
         self._threads.append(t)
 
     def _one(self, started_ns: int) -> None:
+        """One request whose clock started at ``started_ns`` (its scheduled or its actual send)."""
+        left = self.timeout_s - (time.perf_counter_ns() - started_ns) / 1e9
         try:
-            self.target.call(self.batch)
+            self.target.call(self.batch, timeout_s=max(left, 1e-3))
             kind, message = "ok", None
         except RequestError as e:
             kind, message = e.kind, str(e)
         except Exception as e:  # a bug or library error below the target: recorded, never fatal to the run
             kind, message = "error", f"{type(e).__name__}: {e}"
-        self.recorder.complete((time.perf_counter_ns() - started_ns) / 1e3, kind, message)
+        latency_us = (time.perf_counter_ns() - started_ns) / 1e3
+        if kind == "ok" and latency_us > self.timeout_s * 1e6:
+            kind = "timeout"
+            message = f"answered after {latency_us / 1e6:.3f} s, past the {self.timeout_s:g} s timeout"
+        self.recorder.complete(latency_us, kind, message)
 
     def _schedule(self) -> None:
         assert self.rate is not None
-        period_ns = int(1e9 / self.rate)
+        period_ns = 1e9 / self.rate
         start = time.perf_counter_ns()
-        k = 0
+        k = 0  # arrivals issued so far: arrival k is due at start + k * period
         while not self._stop.is_set():
-            due = start + k * period_ns
+            due = start + int(k * period_ns)
             delay = (due - time.perf_counter_ns()) / 1e9
-            if delay > 0 and self._stop.wait(delay):
-                break
-            self.recorder.issue()
-            if self._queue.qsize() >= self.max_backlog:
-                self.recorder.complete(0, "backlog", f"client backlog of {self.max_backlog} arrivals full")
-            else:
-                self._queue.put(due)
-            k += 1
+            if delay > 0:
+                if self._stop.wait(delay):
+                    break
+                continue
+            # every arrival due by now (more than one when this thread fell behind) is issued at once
+            n = int((time.perf_counter_ns() - start) // period_ns) + 1 - k
+            sent = min(n, max(self.max_backlog - self._queue.qsize(), 0))
+            self.recorder.issue(n)
+            for i in range(sent):
+                self._queue.put(start + int((k + i) * period_ns))
+            self.recorder.not_sent(n - sent, f"the client's backlog of {self.max_backlog} arrivals was full")
+            k += n
         for _ in range(self.workers):
             self._queue.put(None)
 
@@ -185,18 +243,45 @@ class LoadDriver:
             due = self._queue.get()
             if due is None:
                 return
-            self._one(due)
+            if self._stop.is_set():
+                self.recorder.not_sent(1, "still in the client's backlog when the run ended")
+            elif time.perf_counter_ns() - due >= self.timeout_s * 1e9:
+                why = f"waited in the client's backlog past the {self.timeout_s:g} s timeout"
+                self.recorder.not_sent(1, why)
+            else:
+                self._one(due)
 
     def _closed_worker(self) -> None:
         while not self._stop.is_set():
             self.recorder.issue()
             self._one(time.perf_counter_ns())
 
-    def stop(self, timeout: float = 60.0) -> int:
-        """Stop issuing, let every issued request finish (bounded by ``timeout``); returns those still
-        in flight (0 after a clean drain)."""
+    def finish(self) -> None:
+        """Stop issuing: arrivals still in the backlog are not sent; requests in flight go on."""
         self._stop.set()
-        deadline = time.monotonic() + timeout
+        if self.rate is None:
+            return
+        self._threads[0].join(1.0)  # the scheduler: it stops at once, then queues one None a worker
+        left = 0
+        try:
+            while True:
+                left += self._queue.get_nowait() is not None
+        except queue.Empty:
+            pass
+        self.recorder.not_sent(left, "still in the client's backlog when the run ended")
+        for _ in range(self.workers):
+            self._queue.put(None)
+
+    def stop(self, timeout: float | None = None) -> int:
+        """Stop issuing and wait for the requests in flight (each ends by its own timeout; ``timeout``
+        defaults to the request timeout and a little more); returns those still unanswered."""
+        self._stop.set()
+        deadline = time.monotonic() + (timeout if timeout is not None else self.timeout_s + 5.0)
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        return self.recorder.in_flight
+        return self.recorder.pending
+
+    @property
+    def busy(self) -> bool:
+        """Whether any load thread still runs (requests in flight after ``finish``)."""
+        return any(t.is_alive() for t in self._threads)

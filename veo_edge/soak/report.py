@@ -14,14 +14,10 @@ from typing import Any
 
 from veo_edge.soak.analyse import analyse
 from veo_edge.soak.config import Thresholds
-from veo_edge.soak.load import decode_histogram
+from veo_edge.soak.plots import write_plots
 from veo_edge.soak.store import RunStore
-from veo_edge.soak.units import format_duration
+from veo_edge.soak.units import format_duration, format_mib, format_ms, format_rate
 from veo_edge.soak.verdict import outcome
-
-#: points per plotted memory series (every k-th sample of longer runs)
-MAX_PLOT_SAMPLES = 5000
-PLOTS = ("latency.png", "memory.png", "histogram.png", "throughput.png", "fragmentation.png")
 
 
 def write_report(run_dir: Path, thresholds: Thresholds | None = None) -> dict[str, Any]:
@@ -30,7 +26,7 @@ def write_report(run_dir: Path, thresholds: Thresholds | None = None) -> dict[st
     store = RunStore.open(run_dir)
     try:
         report = analyse(store, thresholds)
-        plots = _plots(store, report, run_dir)
+        plots = write_plots(store, report, run_dir)
     finally:
         store.close()
     report["plots"] = plots
@@ -45,177 +41,48 @@ def _atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _hours(seconds: float) -> tuple[float, str]:
-    if seconds >= 3 * 3600:
-        return 3600.0, "h"
-    if seconds >= 180:
-        return 60.0, "min"
-    return 1.0, "s"
-
-
-def _plots(store: RunStore, report: dict[str, Any], run_dir: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written = []
-    scale, unit = _hours(max(report["run"]["recorded_s"], 1.0))
-    windows = report["windows"]
-
-    def save(fig, name: str) -> None:
-        tmp = run_dir / f".{name}.tmp.png"
-        fig.savefig(tmp, dpi=100, bbox_inches="tight")
-        plt.close(fig)
-        os.replace(tmp, run_dir / name)
-        written.append(name)
-
-    def boundaries(ax) -> None:
-        for seg in report["run"]["segments"][1:]:
-            ax.axvline(seg["offset_s"] / scale, color="grey", ls=":", lw=1)
-        for seg in report["run"]["segments"]:
-            ax.axvspan(
-                seg["offset_s"] / scale, (seg["offset_s"] + report["run"]["warmup_s"]) / scale, color="0.92"
-            )
-
-    # latency over time with percentile bands
-    fig, ax = plt.subplots(figsize=(9, 4))
-    lw = [w for w in windows if w["p50"] is not None]
-    x = [(w["t0"] + w["t1"]) / 2 / scale for w in lw]
-    if lw:
-        ax.fill_between(x, [w["p50"] for w in lw], [w["p99"] for w in lw], alpha=0.25, label="p50..p99")
-        ax.fill_between(x, [w["p99"] for w in lw], [w["p999"] for w in lw], alpha=0.12, label="p99..p99.9")
-        ax.plot(x, [w["p50"] for w in lw], lw=1.2, label="p50")
-        ax.plot(x, [w["p99"] for w in lw], lw=0.8, label="p99")
-        ax.plot(x, [w["max"] for w in lw], lw=0.5, ls="--", label="max")
-    boundaries(ax)
-    ax.set(xlabel=f"run time ({unit})", ylabel="latency (ms)", title="Latency per window")
-    if lw:
-        ax.legend(loc="upper right", fontsize=8)
-    save(fig, "latency.png")
-
-    # memory over time with the fitted trends
-    samples = list(store.rows_strided("samples", MAX_PLOT_SAMPLES))
-    fig, ax = plt.subplots(figsize=(9, 4))
-    mib = 1 << 20
-    for key, label in (
-        ("rss", "RSS"),
-        ("uss", "USS"),
-        ("gpu_used", "GPU used"),
-        ("pool_in_use", "pool in use"),
-    ):
-        pts = [(s["t"], s[key]) for s in samples if s[key] is not None]
-        if not pts:
-            continue
-        (line,) = ax.plot([t / scale for t, _ in pts], [v / mib for _, v in pts], lw=1, label=label)
-        fit = report["leak"].get(key)
-        for f in fit["per_segment"] if fit else []:
-            seg = next(s for s in report["run"]["segments"] if s["id"] == f["segment"])
-            seg_pts = [t for t, _ in pts if t >= seg["offset_s"] + report["run"]["warmup_s"]]
-            seg_pts = [t for t in seg_pts if _segment_of(report, t) == f["segment"]]
-            if seg_pts:
-                xs = [min(seg_pts), max(seg_pts)]
-                ys = [(f["intercept"] + f["bytes_per_hour"] * t / 3600) / mib for t in xs]
-                ax.plot(
-                    [t / scale for t in xs],
-                    ys,
-                    ls="--",
-                    color=line.get_color(),
-                    lw=1.5,
-                    label=f"{label} fit {f['bytes_per_hour'] / mib:+.2f} MiB/h",
-                )
-    boundaries(ax)
-    ax.set(xlabel=f"run time ({unit})", ylabel="MiB", title="Memory of the process under test")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="best", fontsize=8)
-    save(fig, "memory.png")
-
-    # latency histogram (all windows merged)
-    from veo_edge.soak.load import new_histogram
-
-    merged = new_histogram()
-    for w in store.rows("windows"):
-        if w["hist"]:
-            merged.add(decode_histogram(w["hist"]))
-    fig, ax = plt.subplots(figsize=(9, 4))
-    if merged.get_total_count():
-        vals, counts = [], []
-        for item in merged.get_recorded_iterator():
-            vals.append(item.value_iterated_to / 1e3)
-            counts.append(item.count_at_value_iterated_to)
-        ax.bar(vals, counts, width=[max(v * 0.01, 1e-3) for v in vals])
-        lat = report["latency_ms"]["overall"]
-        for p in ("p50", "p99", "p999"):
-            ax.axvline(lat[p], ls="--", lw=0.8, color="k")
-            ax.text(lat[p], ax.get_ylim()[1] * 0.9, p, fontsize=8)
-    ax.set(xlabel="latency (ms)", ylabel="answers", title="Latency histogram (whole run)")
-    save(fig, "histogram.png")
-
-    # throughput and errors
-    fig, ax = plt.subplots(figsize=(9, 3.5))
-    ax.plot(
-        [(w["t0"] + w["t1"]) / 2 / scale for w in windows],
-        [w["rps"] for w in windows],
-        lw=1,
-        label="answered/s",
-    )
-    errs = [(w["t1"] / scale, w["errors"]) for w in windows if w["errors"]]
-    if errs:
-        ax2 = ax.twinx()
-        ax2.bar(
-            [e[0] for e in errs],
-            [e[1] for e in errs],
-            color="tab:red",
-            width=0.5 * report["run"]["window_s"] / scale,
-        )
-        ax2.set_ylabel("errors per window", color="tab:red")
-    boundaries(ax)
-    ax.set(xlabel=f"run time ({unit})", ylabel="requests/s", title="Throughput")
-    save(fig, "throughput.png")
-
-    # fragmentation over time
-    frag = [
-        (s["t"], s["pool_fragmentation"], s["pool_entropy"], s["pool_largest"], s["pool_free"])
-        for s in samples
-        if s["pool_fragmentation"] is not None
-    ]
-    if frag:
-        fig, (a1, a2) = plt.subplots(2, 1, figsize=(9, 5), sharex=True)
-        xs = [f[0] / scale for f in frag]
-        handles = a1.plot(xs, [f[1] for f in frag], label="1 - largest/free")
-        if any(f[2] is not None for f in frag):
-            a1b = a1.twinx()
-            handles += a1b.plot(
-                xs,
-                [f[2] if f[2] is not None else float("nan") for f in frag],
-                color="tab:orange",
-                label="entropy (bits)",
-            )
-            a1b.set_ylabel("entropy (bits)")
-        a1.set(ylabel="fragmentation", title="Memory pool fragmentation")
-        a1.legend(handles=handles, fontsize=8, loc="upper left")
-        a2.plot(xs, [(f[4] or 0) / mib for f in frag], label="free")
-        a2.plot(xs, [(f[3] or 0) / mib for f in frag], label="largest free block")
-        a2.set(xlabel=f"run time ({unit})", ylabel="MiB")
-        a2.legend(fontsize=8)
-        save(fig, "fragmentation.png")
-    return written
-
-
-def _segment_of(report: dict[str, Any], t: float) -> int:
-    seg_id = report["run"]["segments"][0]["id"]
-    for seg in report["run"]["segments"]:
-        if t >= seg["offset_s"]:
-            seg_id = seg["id"]
-    return seg_id
-
-
 def _fmt(v: Any, digits: int = 3) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
-        return f"{v:.{digits}g}" if abs(v) >= 1e4 or (v and abs(v) < 1e-2) else f"{v:.{digits}f}"
+        return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.{digits}f}"
     return str(v)
+
+
+def _check_value(name: str, v: Any) -> str:
+    """A verdict value in the unit of its check: MiB/h for leaks, ms for jitter and tail, s, counts."""
+    if v is None:
+        return "-"
+    if name.startswith("leak"):
+        return format_rate(v)
+    if name in ("jitter", "tail"):
+        return f"{format_ms(v)} ms"
+    if name == "duration":
+        return format_duration(v)
+    return _fmt(v)
+
+
+def _request_lines(req: dict[str, Any]) -> list[str]:
+    lines = [
+        f"- requests: {req['issued']} issued, {req.get('sent', req['issued'])} sent, {req['ok']} answered, "
+        f"{req['errors']} errors, {req['timeouts']} timeouts, {req.get('not_sent', 0)} not sent (client "
+        f"backlog), {req['lost']} lost"
+        + (f", {req['in_flight_when_killed']} in flight when killed" if req["in_flight_when_killed"] else "")
+        + (f"; latency from the {req['latency_from']}" if req.get("latency_from") else "")
+    ]
+    if req.get("offered_rps"):
+        sustained = not req.get("not_sent")
+        lines.append(
+            f"- rate: offered {req['offered_rps']:g} req/s, sent {req['sent_rps']:.1f}, answered "
+            f"{req['answered_rps']:.1f}"
+            + (
+                ""
+                if sustained
+                else f" — **the offered rate was not sustained**: {req['not_sent']} arrivals were never sent, "
+                "so the latencies describe only the requests that were"
+            )
+        )
+    return lines
 
 
 def _counts(fallbacks: dict[str, Any], key: str) -> str:
@@ -233,9 +100,20 @@ def markdown(r: dict[str, Any]) -> str:
         f"- target: `{run['target']}` ({run['kind']}), {run['mode']}, batch {run['batch']}",
         f"- ran {format_duration(run['recorded_s'])} of {format_duration(run['planned_s'])} "
         f"({run['status']}, {len(run['segments'])} segment(s)), warm-up {format_duration(run['warmup_s'])} per segment",
-        f"- requests: {req['issued']} issued, {req['ok']} answered, {req['errors']} errors, {req['timeouts']} "
-        f"timeouts, {req['lost']} lost"
-        + (f", {req['in_flight_when_killed']} in flight when killed" if req["in_flight_when_killed"] else ""),
+        *_request_lines(req),
+        *(
+            [
+                "- server: "
+                + (
+                    "answered every health probe"
+                    if not r["server"]["failed"]
+                    else f"**stopped answering at {r['server']['down_at_s']:.1f} s**"
+                    + (" and never came back" if r["server"]["down_at_end"] else "")
+                )
+            ]
+            if r.get("server")
+            else []
+        ),
         f"- fallbacks: {r['fallbacks']['switches']} switches, {r['fallbacks']['recoveries']} recoveries; "
         f"backends: {', '.join(r['fallbacks']['backends']) or '-'}; faults: {_counts(r['fallbacks'], 'faults')}; "
         f"retries: {_counts(r['fallbacks'], 'retries')}",
@@ -251,7 +129,8 @@ def markdown(r: dict[str, Any]) -> str:
             if r.get("chaos")
             else []
         ),
-        f"- disk: {r['disk']['db_bytes'] / 1e6:.2f} MB ({_fmt((r['disk']['bytes_per_hour'] or 0) / 1e6)} MB/h)",
+        f"- disk: {format_mib(r['disk']['db_bytes'])} MiB, {format_rate(r['disk']['bytes_per_hour'])}"
+        + (f" ({r['disk']['basis']})" if r["disk"].get("basis") else ""),
         "",
         "## Verdict",
         "",
@@ -260,7 +139,8 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     for c in r["verdict"]["checks"]:
         lines.append(
-            f"| {c['name']} | {_fmt(c['value'])} | {_fmt(c['threshold'])} | {outcome(c).replace('FAIL', '**FAIL**')} | {c['detail']} |"
+            f"| {c['name']} | {_check_value(c['name'], c['value'])} | {_check_value(c['name'], c['threshold'])} "
+            f"| {outcome(c).replace('FAIL', '**FAIL**')} | {c['detail']} |"
         )
     lines += [
         "",
@@ -273,13 +153,18 @@ def markdown(r: dict[str, Any]) -> str:
         if p:
             lines.append(
                 f"| {name} | {p['count']} | "
-                + " | ".join(_fmt(p[k]) for k in ("p50", "p90", "p99", "p999", "max"))
+                + " | ".join(format_ms(p[k]) for k in ("p50", "p90", "p99", "p999", "max"))
                 + " |"
             )
     lines += [
         "",
-        f"Jitter: ±{_fmt(jit['jitter_ms'])} ms (half-range of per-window p50 after warm-up, {jit['windows']} windows: "
-        f"{_fmt(jit['p50_min_ms'])}..{_fmt(jit['p50_max_ms'])} ms); tail p99 − p50: {_fmt(jit['tail_ms'])} ms.",
+        (
+            f"Jitter: ±{format_ms(jit['jitter_ms'])} ms (half-range of per-window p50 after warm-up, "
+            f"{jit['windows']} windows: {format_ms(jit['p50_min_ms'])}..{format_ms(jit['p50_max_ms'])} ms)"
+            if jit["jitter_ms"] is not None
+            else f"Jitter: skipped (too few windows: {jit['windows']} after warm-up)"
+        )
+        + f"; tail p99 − p50: {format_ms(jit['tail_ms'])} ms.",
         "",
         "![latency](latency.png)",
         "",
@@ -287,13 +172,14 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         "## Memory",
         "",
-        "| series | slope (B/h) | 95 % CI | samples | segment |",
+        "| series | slope (MiB/h) | 95 % CI (MiB/h) | samples | segment |",
         "| --- | --- | --- | --- | --- |",
     ]
     for name, fit in r["leak"].items():
         for f in fit["per_segment"]:
             lines.append(
-                f"| {name} | {f['bytes_per_hour']:.4g} | [{f['low']:.4g}, {f['high']:.4g}] | {f['samples']} | {f['segment']} |"
+                f"| {name} | {format_rate(f['bytes_per_hour'], False)} | [{format_rate(f['low'], False)}, "
+                f"{format_rate(f['high'], False)}] | {f['samples']} | {f['segment']} |"
             )
     lines += ["", "![memory](memory.png)", "", "## Throughput", ""]
     tp = r["throughput"]

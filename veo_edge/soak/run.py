@@ -175,7 +175,13 @@ def _run_segment(
         sampler = Sampler(target, in_process=config.url is None)
         recorder = Recorder()
         driver = LoadDriver(
-            target, batch, recorder, rate=config.rate, concurrency=config.concurrency, workers=config.workers
+            target,
+            batch,
+            recorder,
+            rate=config.rate,
+            concurrency=config.concurrency,
+            workers=config.workers,
+            timeout_s=config.timeout_s,
         )
         title = f"veo-edge soak: {target.name} ({config.mode}, batch {config.batch})"
         with _Stop() as stop, Progress(config.duration_s, title, enabled=live) as progress:
@@ -188,54 +194,107 @@ def _run_segment(
 
 
 def _loop(store, config, sampler, recorder, driver, clock, stop, progress) -> str:
+    """Ticks (samples, windows, commits) until the planned end or a stop signal, then stops issuing:
+    arrivals still in the client's backlog are not sent, and the ticks go on while the requests in flight
+    end (each within its timeout). The run's time line ends when the last one has."""
     offset = clock.offset
     seg_start = clock.start()
-    now = clock
     driver.start()
-    window_start = offset
-    window_due = offset + config.window_s
-    last_fallbacks: int | None = 0 if config.url is None else None  # a server's counter runs on
-    injected: dict[str, int] = {}  # chaos: faults injected so far, by rule
-    next_tick = seg_start + config.sample_s
-    live_stats: dict[str, Any] = {"ok": 0, "errors": 0}
+    state = _TickState(store, config, sampler, recorder, clock, progress, offset, seg_start)
     reason = "complete"
-    while True:
-        remaining = config.duration_s - now()
-        if remaining <= 0:
-            break
-        wait = min(next_tick - time.monotonic(), remaining)
+    end = seg_start + (config.duration_s - offset)
+    while True:  # issuing
+        wait = min(state.next_tick, end) - time.monotonic()
         if stop.event.wait(max(wait, 0.0)):
             reason = stop.reason or "stopped"
             break
-        if time.monotonic() < next_tick:  # woke for the end of the run, not for a tick
-            continue
-        next_tick += config.sample_s
-        t = now()
-        last_fallbacks = _tick(store, sampler, t, last_fallbacks, live_stats, injected)
-        if t >= window_due - config.sample_s / 2:  # on the planned grid: ticks drift by microseconds
-            _close_window(store, recorder, window_start, t, live_stats)
-            window_start = t
-            window_due += config.window_s
-        store.commit()
-        progress.update(t, live_stats)
-    in_flight = driver.stop(timeout=max(30.0, config.timeout_s * 2))
-    t = now()
-    _close_window(store, recorder, window_start, t, live_stats)
-    _tick(store, sampler, t, last_fallbacks, live_stats, injected)
+        if time.monotonic() >= end:
+            break
+        if time.monotonic() >= state.next_tick:
+            state.tick()
+    driver.finish()
+    t_end = clock()
+    drain_until = time.monotonic() + config.timeout_s + 5.0  # every request ends within its timeout
+    while driver.busy and time.monotonic() < drain_until:  # draining: windows go on covering the run
+        time.sleep(min(max(state.next_tick - time.monotonic(), 0.0), 0.05))
+        if time.monotonic() >= state.next_tick:
+            state.tick()
+    in_flight = driver.stop(timeout=0.1)
+    t = clock()
+    state.last(t)
+    if t > t_end + 1e-3:
+        store.add_event(t, "drained", f"{t - t_end:.1f} s after the end for the requests in flight")
     if reason != "complete":
         store.add_event(
-            t, "interrupted", f"{reason} at {t:.1f} s; `veo-edge soak --resume` continues the run"
+            t, "interrupted", f"{reason} at {t_end:.1f} s; `veo-edge soak --resume` continues the run"
         )
     if in_flight:
-        store.add_event(t, "lost", f"{in_flight} requests still unanswered after the drain")
+        detail = f"{in_flight} requests still unanswered {config.timeout_s + 5:g} s after the end"
+        store.add_event(t, "lost", detail)
     store.end_segment(reason, in_flight)
     store.commit()
-    progress.update(t, live_stats)
+    progress.update(t, state.live_stats)
     return reason
 
 
-def _tick(store, sampler, t, last_fallbacks, live_stats, injected) -> int | None:
+class _TickState:
+    """What the ticks of one segment carry from one to the next: the window grid, the fallback and chaos
+    counters, whether the server answered its last probe."""
+
+    def __init__(self, store, config, sampler, recorder, clock, progress, offset, seg_start) -> None:
+        self.store, self.config, self.sampler, self.recorder = store, config, sampler, recorder
+        self.clock, self.progress = clock, progress
+        self.window_start = offset
+        self.window_due = offset + config.window_s
+        self.next_tick = seg_start + config.sample_s
+        self.last_fallbacks: int | None = 0 if config.url is None else None  # a server's counter runs on
+        self.injected: dict[str, int] = {}  # chaos: faults injected so far, by rule
+        self.live_stats: dict[str, Any] = {"ok": 0, "errors": 0}
+        self.down: str | None = None  # why the server failed its last probe
+
+    def tick(self) -> None:
+        self.next_tick += self.config.sample_s
+        t = self.clock()
+        self._sample(t)
+        if t >= self.window_due - self.config.sample_s / 2:  # on the planned grid: ticks drift by µs
+            _close_window(self.store, self.recorder, self.window_start, t, self.live_stats)
+            self.window_start = t
+            self.window_due += self.config.window_s
+        self.store.commit()
+        self.progress.update(t, self.live_stats)
+
+    def last(self, t: float) -> None:
+        _close_window(self.store, self.recorder, self.window_start, t, self.live_stats)
+        self._sample(t)
+
+    def _sample(self, t: float) -> None:
+        live = _probe(self.store, self.sampler.target, t, self)
+        self.last_fallbacks = _tick(
+            self.store, self.sampler, t, self.last_fallbacks, self.live_stats, self.injected, live
+        )
+
+
+def _probe(store, target, t: float, state: _TickState) -> bool | None:
+    """The server's liveness at ``t`` (None in-process); a change is an event."""
+    alive = getattr(target, "alive", None)
+    if alive is None:
+        return None
+    why = alive()
+    if why is not None and state.down is None:
+        store.add_event(t, "server_down", f"the server stopped answering its health probe: {why}")
+    elif why is None and state.down is not None:
+        store.add_event(t, "server_up", "the server answers its health probe again")
+    state.down = why
+    return why is None
+
+
+def _tick(store, sampler, t, last_fallbacks, live_stats, injected, live=None) -> int | None:
     row = sampler.sample(t, time.time())
+    extra = row.get("extra") or {}
+    extra["db_bytes"] = store.logical_bytes()  # the disk rate is fitted on this, not on the file size
+    if live is not None:
+        extra["live"] = live
+    row["extra"] = extra
     for rule, n in ((row.get("extra") or {}).get("injected") or {}).items():
         if n > injected.get(rule, 0):
             store.add_event(t, "chaos", f"{n - injected.get(rule, 0)} injected fault(s): {rule}")
@@ -258,6 +317,7 @@ def _close_window(store, recorder, t0, t1, live_stats) -> None:
     live_stats["rate"] = row["ok"] / span
     live_stats["ok"] = live_stats.get("ok", 0) + row["ok"]
     live_stats["errors"] = live_stats.get("errors", 0) + row["errors"] + row["timeouts"]
+    live_stats["not_sent"] = live_stats.get("not_sent", 0) + row["not_sent"]
     if row.get("p50_us") is not None:
         live_stats["p50_ms"] = row["p50_us"] / 1e3
         live_stats["p99_ms"] = row["p99_us"] / 1e3

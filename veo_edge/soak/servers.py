@@ -140,9 +140,20 @@ class HttpTarget(_ServerTarget):
             conn = self._local.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
         return conn
 
-    def _request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict | None = None,
+        timeout: float | None = None,
+    ):
         reused = getattr(self._local, "conn", None) is not None
         conn = self._conn()
+        timeout = self.timeout_s if timeout is None else timeout
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
         try:
             conn.request(method, path, body=body, headers=headers or {})
             resp = conn.getresponse()
@@ -150,11 +161,11 @@ class HttpTarget(_ServerTarget):
         except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
             self._drop()
             if reused:  # the server closed an idle keep-alive connection: once more on a new one
-                return self._request(method, path, body, headers)
+                return self._request(method, path, body, headers, timeout)
             raise RequestError(f"{method} {path}: {type(e).__name__}: {e}") from e
         except TimeoutError as e:
             self._drop()
-            raise RequestTimeout(f"{method} {path}: no answer within {self.timeout_s} s") from e
+            raise RequestTimeout(f"{method} {path}: no answer within {timeout:.3g} s") from e
         except (OSError, http.client.HTTPException) as e:
             self._drop()
             raise RequestError(f"{method} {path}: {type(e).__name__}: {e}") from e
@@ -192,7 +203,15 @@ class HttpTarget(_ServerTarget):
         self._check_memory()
         return opened
 
-    def call(self, batch: np.ndarray) -> None:
+    def alive(self) -> str | None:
+        """None when the server answers its liveness probe (``/v2/health/live``), else why not."""
+        try:
+            status, _, _ = self._request("GET", "/v2/health/live", timeout=min(self.timeout_s, 2.0))
+        except RequestError as e:
+            return str(e)
+        return None if status == 200 else f"GET /v2/health/live answered HTTP {status}"
+
+    def call(self, batch: np.ndarray, timeout_s: float | None = None) -> None:
         data = np.ascontiguousarray(batch).tobytes()
         head = json.dumps(
             {
@@ -212,6 +231,7 @@ class HttpTarget(_ServerTarget):
             f"/v2/models/{self.model_name}/infer",
             head + data,
             {"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"},
+            timeout_s,
         )
         if status != 200:
             kind = RequestTimeout if status in (408, 504) else RequestError
@@ -305,7 +325,17 @@ class GrpcTarget(_ServerTarget):
         self._check_memory()
         return opened
 
-    def call(self, batch: np.ndarray) -> None:
+    def alive(self) -> str | None:
+        """None when the server answers its liveness probe (``ServerLive``), else why not."""
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            live = self._client().is_server_live(client_timeout=min(self.timeout_s, 2.0))
+        except InferenceServerException as e:
+            return f"gRPC {e.status() or 'error'}: {e.message()}"
+        return None if live else "ServerLive answered not live"
+
+    def call(self, batch: np.ndarray, timeout_s: float | None = None) -> None:
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
@@ -316,7 +346,7 @@ class GrpcTarget(_ServerTarget):
                 self.model_name,
                 [inp],
                 outputs=[grpcclient.InferRequestedOutput(self.output_name)],
-                client_timeout=self.timeout_s,
+                client_timeout=self.timeout_s if timeout_s is None else timeout_s,
             )
         except InferenceServerException as e:
             status = str(e.status() or "")

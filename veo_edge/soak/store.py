@@ -33,7 +33,7 @@ CREATE TABLE IF NOT EXISTS windows (
     segment INTEGER NOT NULL, t0 REAL NOT NULL, t1 REAL NOT NULL,
     issued INTEGER NOT NULL, ok INTEGER NOT NULL, errors INTEGER NOT NULL, timeouts INTEGER NOT NULL,
     samples INTEGER NOT NULL, p50_us REAL, p90_us REAL, p99_us REAL, p999_us REAL, max_us REAL,
-    min_us REAL, mean_us REAL, hist TEXT);
+    min_us REAL, mean_us REAL, hist TEXT, not_sent INTEGER, kinds TEXT);
 CREATE TABLE IF NOT EXISTS samples (
     segment INTEGER NOT NULL, t REAL NOT NULL, wall REAL NOT NULL,
     rss INTEGER, uss INTEGER, fds INTEGER, threads INTEGER, gpu_used INTEGER,
@@ -59,7 +59,11 @@ WINDOW_COLUMNS = [
     "min_us",
     "mean_us",
     "hist",
+    "not_sent",
+    "kinds",
 ]
+#: columns added to ``windows`` since format 1 was first written (added on open; absent reads as NULL)
+_ADDED_WINDOW_COLUMNS = {"not_sent": "INTEGER", "kinds": "TEXT"}
 SAMPLE_COLUMNS = [
     "segment",
     "t",
@@ -153,6 +157,11 @@ class RunStore:
                 f"{db} has soak format {meta.get('format_version')!r}, this veo-edge reads {FORMAT_VERSION}; "
                 "report it with the veo-edge that recorded it"
             )
+        have = {r[1] for r in conn.execute("PRAGMA table_info(windows)")}
+        with conn:
+            for name, kind in _ADDED_WINDOW_COLUMNS.items():
+                if name not in have:
+                    conn.execute(f"ALTER TABLE windows ADD COLUMN {name} {kind}")
         return cls(run_dir, conn)
 
     # -- meta -------------------------------------------------------------------------------------
@@ -195,7 +204,10 @@ class RunStore:
         self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the run's data all in soak.db again
 
     def add_window(self, row: dict[str, Any]) -> None:
-        self._insert("windows", WINDOW_COLUMNS, {**row, "segment": self.segment})
+        row = {**row, "segment": self.segment}
+        if isinstance(row.get("kinds"), dict):  # error counts by kind (``load.error_label``)
+            row["kinds"] = json.dumps(row["kinds"], separators=(",", ":"))
+        self._insert("windows", WINDOW_COLUMNS, row)
 
     def add_sample(self, row: dict[str, Any]) -> None:
         row = {**row, "segment": self.segment}
@@ -245,6 +257,14 @@ class RunStore:
         for i, row in enumerate(self.rows(table)):
             if i % stride == 0:
                 yield row
+
+    def page_size(self) -> int:
+        return int(self.conn.execute("PRAGMA page_size").fetchone()[0])
+
+    def logical_bytes(self) -> int:
+        """The database's size as this connection sees it (pages written, in the WAL or not): it grows
+        with the data, not with checkpoints."""
+        return int(self.conn.execute("PRAGMA page_count").fetchone()[0]) * self.page_size()
 
     def size_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.path.glob(f"{DB_NAME}*") if p.is_file())

@@ -1,9 +1,10 @@
 """What a soak drives: the runtime in this process (here), or a server over the Open Inference Protocol
 (:mod:`veo_edge.soak.servers`).
 
-A target only needs ``open()`` (returns the input shape and dtype of one sample), ``call(batch)`` (one
-request; returns normally only for a complete, well-formed answer, else raises), ``observe()`` (counters
-and memory of the thing under test, for the sampler) and ``close()``. The soak never reaches further in:
+A target only needs ``open()`` (returns the input shape and dtype of one sample), ``call(batch,
+timeout_s)`` (one request within ``timeout_s``; returns normally only for a complete, well-formed
+answer, else raises), ``observe()`` (counters and memory of the thing under test, for the sampler) and
+``close()``; a server target also has ``alive()`` (``None``, or why its health probe failed). The soak never reaches further in:
 in-process it uses the public :class:`~veo_edge.Runtime` API, against a server only URLs (KServe v2 JSON
 with the binary tensor extension, ``/metrics``), so a server with another HTTP stack works unchanged,
 or its KServe v2 gRPC service (``grpc://HOST:PORT``).
@@ -84,17 +85,18 @@ class InProcessTarget:
     def name(self) -> str:
         return str(self.build_dir)
 
-    def call(self, batch: np.ndarray) -> None:
+    def call(self, batch: np.ndarray, timeout_s: float | None = None) -> None:
         from concurrent.futures import TimeoutError as FutureTimeout
 
         rt = self.runtime
+        timeout = self.timeout_s if timeout_s is None else timeout_s
         try:
             if batch.shape[0] == 1:
-                out = rt.submit(batch[0]).result(timeout=self.timeout_s)[None]  # one sample's answer
+                out = rt.submit(batch[0]).result(timeout=timeout)[None]  # one sample's answer
             else:
                 out = rt.infer(batch)
         except FutureTimeout as e:
-            raise RequestTimeout(f"no answer within {self.timeout_s} s") from e
+            raise RequestTimeout(f"no answer within {timeout:.3g} s") from e
         except VeoEdgeError as e:
             raise RequestError(f"{type(e).__name__}: {e}") from e
         check_output(np.asarray(out), batch.shape[0])

@@ -68,3 +68,36 @@ def parse_size(text: str | float | int, what: str = "size") -> float:
     if not math.isfinite(value) or value < 0:
         raise UsageError(f"{what} {text!r} must be >= 0 bytes")
     return value
+
+
+MiB = float(1 << 20)
+
+
+def format_ms(ms: float | None) -> str:
+    """Milliseconds with a precision that fits their size: ``0.412``, ``24.14``, ``512.3``, ``35,200``."""
+    if ms is None:
+        return "-"
+    a = abs(ms)
+    if a >= 10_000:
+        return f"{ms:,.0f}"
+    return f"{ms:.{3 if a < 1 else 2 if a < 100 else 1}f}"
+
+
+def format_mib(nbytes: float | None, digits: int | None = None) -> str:
+    """Bytes as MiB: ``0.062``, ``12.50``, ``1,024``."""
+    if nbytes is None:
+        return "-"
+    v = nbytes / MiB
+    a = abs(v)
+    if digits is None:
+        digits = 3 if a < 10 else 2 if a < 1000 else 0
+    return f"{v:,.{digits}f}"
+
+
+def format_rate(bytes_per_hour: float | None, unit: bool = True) -> str:
+    """A memory or disk rate in MiB/h with a sign: ``+0.126 MiB/h``, ``-3.50 MiB/h``."""
+    if bytes_per_hour is None:
+        return "-"
+    text = format_mib(bytes_per_hour)
+    text = text if text.startswith("-") else f"+{text}"
+    return f"{text} MiB/h" if unit else text

@@ -8,6 +8,7 @@ from typing import Any
 
 from veo_edge.soak.config import Thresholds
 from veo_edge.soak.fits import MIN_FIT_SAMPLES
+from veo_edge.soak.units import format_rate
 
 
 def verdict(report: dict[str, Any], th: Thresholds) -> dict[str, Any]:
@@ -26,28 +27,63 @@ def verdict(report: dict[str, Any], th: Thresholds) -> dict[str, Any]:
         run["status"] == "complete" and run["recorded_s"] >= run["planned_s"] - 1e-6,
         f"ran {run['recorded_s']:.1f} s of {run['planned_s']:.1f} s ({run['status']})",
     )
+    server = report.get("server")
+    if server is not None:  # a server's health probe, every sample tick
+        down = next((e["detail"] for e in report["events"] if e["kind"] == "server_down"), None)
+        check(
+            "server",
+            server["failed"],
+            0,
+            server["failed"] == 0,
+            f"answered all {server['probes']} health probes"
+            if not server["failed"]
+            else f"the server stopped answering at {server['down_at_s']:.1f} s"
+            + (" and was still down at the end (it died or was stopped)" if server["down_at_end"] else "")
+            + f"; {server['failed']} of {server['probes']} probes failed"
+            + (f" ({down.split(': ', 1)[-1]})" if down else ""),
+        )
+    if req.get("offered_rps"):  # open loop: was the offered rate sent at all?
+        not_sent = req.get("not_sent", 0)
+        check(
+            "rate",
+            not_sent,
+            0,
+            not_sent == 0,
+            f"offered {req['offered_rps']:g} req/s, sent {req['sent_rps']:.1f}, answered {req['answered_rps']:.1f}"
+            + (
+                f"; NOT sustained: {not_sent} arrivals not sent (client backlog), latencies only of those sent"
+                if not_sent
+                else ""
+            ),
+        )
     errors = req["errors"] + req["timeouts"]
+    kinds = ", ".join(f"{k} {n}" for k, n in (req.get("error_kinds") or {}).items())
     check(
         "errors",
         errors,
         th.max_errors,
         errors <= th.max_errors,
-        f"{req['errors']} errors, {req['timeouts']} timeouts",
+        f"{req['errors']} errors, {req['timeouts']} timeouts" + (f" ({kinds})" if kinds else ""),
     )
     check(
         "lost",
         req["lost"],
         th.max_lost,
         req["lost"] <= th.max_lost,
-        "issued but never answered (clean segments)",
+        "sent but never answered (clean segments)",
     )
-    j = report["jitter"]["jitter_ms"]
+    jit = report["jitter"]
+    j = jit["jitter_ms"]
+    need = jit.get("min_windows", 1)
     check(
         "jitter",
         j,
         th.max_jitter_ms,
-        j is not None and j <= th.max_jitter_ms,
-        "no window after warm-up" if j is None else f"±{j:.3f} ms over {report['jitter']['windows']} windows",
+        j is None or j <= th.max_jitter_ms,
+        f"skipped (too few windows): {jit['windows']} after warm-up with enough answers, the jitter needs {need}"
+        if j is None
+        else f"±{j:.3f} ms over {jit['windows']} windows",
+        skipped=j is None,
     )
     tail = report["jitter"]["tail_ms"]
     if th.max_tail_ms is not None:
@@ -67,7 +103,8 @@ def verdict(report: dict[str, Any], th: Thresholds) -> dict[str, Any]:
                 f["bytes_per_hour"],
                 th.leak_floor_bytes_per_h,
                 contains_zero or under,
-                f"{f['bytes_per_hour']:.4g} B/h, 95% CI [{f['low']:.4g}, {f['high']:.4g}]"
+                f"{format_rate(f['bytes_per_hour'])}, 95% CI [{format_rate(f['low'], False)}, "
+                f"{format_rate(f['high'])}]"
                 + (" contains 0" if contains_zero else (" under the floor" if under else " above the floor")),
             )
     if not report["leak"] and not run.get("memory_sampled", True):
@@ -89,9 +126,10 @@ def verdict(report: dict[str, Any], th: Thresholds) -> dict[str, Any]:
             "leak",
             None,
             th.leak_floor_bytes_per_h,
-            False,
-            f"fewer than {MIN_FIT_SAMPLES} samples after warm-up in every segment; run longer, or lower "
-            "--sample-interval or --warmup",
+            True,
+            f"skipped (too few samples): fewer than {MIN_FIT_SAMPLES} memory samples after warm-up in every "
+            "segment; run longer, or lower --sample-interval or --warmup",
+            skipped=True,
         )
     frag = report["fragmentation"]
     if frag is not None:
