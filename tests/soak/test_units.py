@@ -49,3 +49,18 @@ def test_sizes():
     assert parse_size("100") == 100
     with pytest.raises(UsageError, match=r"--leak-floor 'lots' is not a size; expected bytes or a number"):
         parse_size("lots", "--leak-floor")
+
+
+def test_report_units_are_human():
+    """report.md's latencies in ms and rates in MiB/h, never 3.52e+04 ms or 2.553e+08 B/h."""
+    from veo_edge.soak.units import format_mib, format_ms, format_rate
+
+    assert [format_ms(v) for v in (0.4123, 24.143, 512.34, 35200.4, None)] == [
+        "0.412",
+        "24.14",
+        "512.3",
+        "35,200",
+        "-",
+    ]
+    assert format_rate(2.553e8) == "+243.47 MiB/h" and format_rate(-(1 << 19)) == "-0.500 MiB/h"
+    assert format_rate(1.879e7, False) == "+17.92" and format_mib(3 << 30) == "3,072"

@@ -113,13 +113,13 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     )
     killed = [s for s in segments if s["ended_wall"] is None]
     in_flight_killed = sum(per_seg[s["id"]]["issued"] - per_seg[s["id"]]["done"] for s in killed)
-    error_kinds: dict[str, int] = dict(sorted((kinds or {}).items(), key=lambda kv: -kv[1]))
+    if kinds is None:  # a run recorded before kinds were counted: only errors and timeouts, exactly
+        kinds = {k: n for k, n in (("error", totals["errors"]), ("timeout", totals["timeouts"])) if n}
+    error_kinds: dict[str, int] = dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
     first_errors: list[str] = []
     events = []
     for e in store.rows("events"):
         if e["kind"] in ("error", "timeout", "backlog"):
-            if kinds is None and e["kind"] != "backlog":  # an old run: only its kept messages say
-                error_kinds[e["kind"]] = error_kinds.get(e["kind"], 0) + 1
             if len(first_errors) < 10:
                 first_errors.append(f"{e['t']:.1f}s {e['kind']}: {e['detail']}")
         elif len(events) < 200:
@@ -148,6 +148,9 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     first_last: dict[str, list[Any]] = {}
     n_samples = 0
     probes: dict[str, Any] = {"probes": 0, "failed": 0, "down_at_s": None, "down_at_end": None}
+    # a run recorded before the health probe: its own /metrics scrape (HTTP, no --metrics-url) stands in
+    scrapes = dict(probes, basis="GET /metrics: recorded before health probes")
+    scraped = config.kind == "http" and config.metrics_url is None
     db_pts: list[tuple[float, float]] = []  # the database's size, after the first window
     for s in store.rows("samples"):
         n_samples += 1
@@ -174,12 +177,9 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
         if s["extra"]:
             extra = json.loads(s["extra"])
             if extra.get("live") is not None:
-                probes["probes"] += 1
-                probes["down_at_end"] = not extra["live"]
-                if not extra["live"]:
-                    probes["failed"] += 1
-                    if probes["down_at_s"] is None:
-                        probes["down_at_s"] = s["t"]
+                _probed(probes, s["t"], bool(extra["live"]))
+            elif scraped:
+                _probed(scrapes, s["t"], "scrape_error" not in extra)
             if extra.get("db_bytes") is not None and s["t"] >= config.window_s:
                 db_pts.append((s["t"], float(extra["db_bytes"])))
             recoveries = max(recoveries, extra.get("recoveries", 0) or 0)
@@ -282,7 +282,9 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
         "resources": {k: {"first": v[0], "last": v[1]} for k, v in first_last.items()},
         "disk": {"db_bytes": db_bytes, **_disk_rate(db_pts, db_bytes, recorded, store.page_size())}
         | {"samples": n_samples, "windows": len(windows)},
-        "server": probes if probes["probes"] else None,
+        "server": dict(probes, basis="health probe")
+        if probes["probes"]
+        else (scrapes if scrapes["probes"] > scrapes["failed"] else None),  # /metrics answered once
         "events": events,
         "windows": windows,
         "windows_stride": stride,
@@ -316,6 +318,15 @@ def _chaos(schedule: dict[str, Any] | None, by_segment: dict[int, dict[str, int]
     return {"schedule": schedule, "injected": injected, "total": sum(injected.values())}
 
 
+def _probed(probes: dict[str, Any], t: float, ok: bool) -> None:
+    probes["probes"] += 1
+    probes["down_at_end"] = not ok
+    if not ok:
+        probes["failed"] += 1
+        if probes["down_at_s"] is None:
+            probes["down_at_s"] = t
+
+
 def _disk_rate(pts: list[tuple[float, float]], db_bytes: int, recorded: float, page: int) -> dict[str, Any]:
     """Bytes per hour the database grew after the first window (its fixed size left out); a run recorded
     before the size was sampled, or too short to have two samples after its first window, falls back to
@@ -331,7 +342,7 @@ def _disk_rate(pts: list[tuple[float, float]], db_bytes: int, recorded: float, p
     if recorded > 0:
         return {
             "bytes_per_hour": db_bytes / (recorded / 3600.0),
-            "basis": "whole file over the run, its fixed size included (an upper bound)",
+            "basis": "whole file over the run, its fixed size included: an upper bound",
         }
     return {"bytes_per_hour": None, "basis": None}
 

@@ -49,12 +49,12 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
-def _check_value(name: str, v: Any) -> str:
+def _check_value(name: str, v: Any, threshold: bool = False) -> str:
     """A verdict value in the unit of its check: MiB/h for leaks, ms for jitter and tail, s, counts."""
     if v is None:
         return "-"
     if name.startswith("leak"):
-        return format_rate(v)
+        return f"{format_mib(v)} MiB/h" if threshold else format_rate(v)
     if name in ("jitter", "tail"):
         return f"{format_ms(v)} ms"
     if name == "duration":
@@ -139,7 +139,7 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     for c in r["verdict"]["checks"]:
         lines.append(
-            f"| {c['name']} | {_check_value(c['name'], c['value'])} | {_check_value(c['name'], c['threshold'])} "
+            f"| {c['name']} | {_check_value(c['name'], c['value'])} | {_check_value(c['name'], c['threshold'], True)} "
             f"| {outcome(c).replace('FAIL', '**FAIL**')} | {c['detail']} |"
         )
     lines += [

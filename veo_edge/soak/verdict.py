@@ -35,11 +35,11 @@ def verdict(report: dict[str, Any], th: Thresholds) -> dict[str, Any]:
             server["failed"],
             0,
             server["failed"] == 0,
-            f"answered all {server['probes']} health probes"
+            f"answered all {server['probes']} probes ({server.get('basis', 'health probe')})"
             if not server["failed"]
             else f"the server stopped answering at {server['down_at_s']:.1f} s"
             + (" and was still down at the end (it died or was stopped)" if server["down_at_end"] else "")
-            + f"; {server['failed']} of {server['probes']} probes failed"
+            + f"; {server['failed']} of {server['probes']} probes ({server.get('basis', 'health probe')}) failed"
             + (f" ({down.split(': ', 1)[-1]})" if down else ""),
         )
     if req.get("offered_rps"):  # open loop: was the offered rate sent at all?
