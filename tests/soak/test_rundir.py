@@ -147,6 +147,9 @@ def test_the_progress_line_says_dash_until_the_first_window(capsys):
         p.update(1.0, {"errors": 0, "rss": 100 << 20})
         p._last_line = 0.0
         p.update(12.0, {"rate": 41.5, "p50_ms": 1.234, "p99_ms": float("nan"), "errors": 0, "rss": 100 << 20})
-    first, later = capsys.readouterr().err.splitlines()
+        p._last_line = 0.0
+        p.update(13.0, {"errors": 0, "not_sent": 7, "rss": 100 << 20})
+    first, later, overloaded = capsys.readouterr().err.splitlines()
+    assert overloaded.endswith("NOT SENT 7 (client backlog)")
     assert "soak 1.0s/1m00s: - req/s, p50 -, p99 -, errors 0" in first
     assert "41.5 req/s, p50 1.23 ms, p99 -," in later

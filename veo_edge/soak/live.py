@@ -48,7 +48,7 @@ class Progress:
             self.live.__exit__(*exc)
 
     def update(self, t: float, s: dict[str, Any]) -> None:
-        """``s``: rate, p50_ms, p99_ms, errors, fallbacks, rss, ok."""
+        """``s``: rate, p50_ms, p99_ms, errors, not_sent, fallbacks, rss, ok."""
         rss = s.get("rss")
         if rss is not None and self._first_rss is None:
             self._first_rss = rss
@@ -65,6 +65,10 @@ class Progress:
                 f"{_ms(s.get('p50_ms'))} / {_ms(s.get('p99_ms'))}",
             )
             table.add_row("errors / fallbacks", f"{s.get('errors', 0)} / {s.get('fallbacks') or 0}")
+            if s.get("not_sent"):  # open loop: the client could not keep the offered rate
+                table.add_row(
+                    "not sent (client backlog)", f"{s['not_sent']}: the offered rate is not sustained"
+                )
             table.add_row("memory (trend)", f"{_mib(rss)} ({'+' if (trend or 0) >= 0 else ''}{_mib(trend)})")
             self.live.update(table)
             return
@@ -76,7 +80,8 @@ class Progress:
             print(
                 f"soak {format_duration(t)}/{format_duration(self.duration_s)}: {_rate(s.get('rate'))}, "
                 f"p50 {_ms(s.get('p50_ms'))}, p99 {_ms(s.get('p99_ms'))}, "
-                f"errors {s.get('errors', 0)}, fallbacks {s.get('fallbacks') or 0}, rss {_mib(rss)}",
+                f"errors {s.get('errors', 0)}, fallbacks {s.get('fallbacks') or 0}, rss {_mib(rss)}"
+                + (f", NOT SENT {s['not_sent']} (client backlog)" if s.get("not_sent") else ""),
                 file=sys.stderr,
                 flush=True,
             )
