@@ -50,6 +50,7 @@ def test_an_offered_rate_far_above_the_server_is_reported_not_hidden(
     _accounted(req)
     assert req["not_sent"] > 0 and req["lost"] == 0  # the client's own backlog is not the server's loss
     assert req["offered_rps"] == 20000 and req["sent_rps"] < 20000
+    assert req["issued"] == 20000 * 3  # every arrival scheduled before the end, none after it
     # open loop: latency from the scheduled send; an answer later than the timeout is a timeout
     assert req["latency_from"] == "scheduled send (open loop)"
     if report["latency_ms"]["overall"]:

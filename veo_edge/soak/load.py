@@ -11,6 +11,7 @@ the server's errors: the offered rate was then not sustained.
 
 from __future__ import annotations
 
+import math
 import queue
 import re
 import threading
@@ -184,7 +185,11 @@ class LoadDriver:
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
 
-    def start(self) -> LoadDriver:
+    def start(self, duration_s: float | None = None) -> LoadDriver:
+        """Start issuing; with ``duration_s``, no request is issued (open loop: scheduled) after that
+        long, whenever ``finish`` comes."""
+        self._t0_ns = time.perf_counter_ns()
+        self._end_ns = None if duration_s is None else self._t0_ns + int(duration_s * 1e9)
         if self.rate is not None:
             self._spawn(self._schedule, "veo-soak-scheduler")
             for i in range(self.workers):
@@ -218,9 +223,14 @@ class LoadDriver:
     def _schedule(self) -> None:
         assert self.rate is not None
         period_ns = 1e9 / self.rate
-        start = time.perf_counter_ns()
+        start = self._t0_ns
+        # arrivals due before the end: exactly rate x duration
+        last = None if self._end_ns is None else math.ceil((self._end_ns - start) / period_ns)
         k = 0  # arrivals issued so far: arrival k is due at start + k * period
         while not self._stop.is_set():
+            if last is not None and k >= last:
+                self._stop.wait()
+                break
             due = start + int(k * period_ns)
             delay = (due - time.perf_counter_ns()) / 1e9
             if delay > 0:
@@ -228,7 +238,8 @@ class LoadDriver:
                     break
                 continue
             # every arrival due by now (more than one when this thread fell behind) is issued at once
-            n = int((time.perf_counter_ns() - start) // period_ns) + 1 - k
+            n = int((time.perf_counter_ns() - start) // period_ns) + 1
+            n = (n if last is None else min(n, last)) - k
             sent = min(n, max(self.max_backlog - self._queue.qsize(), 0))
             self.recorder.issue(n)
             for i in range(sent):
@@ -252,7 +263,7 @@ class LoadDriver:
                 self._one(due)
 
     def _closed_worker(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and (self._end_ns is None or time.perf_counter_ns() < self._end_ns):
             self.recorder.issue()
             self._one(time.perf_counter_ns())
 

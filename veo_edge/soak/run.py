@@ -199,7 +199,7 @@ def _loop(store, config, sampler, recorder, driver, clock, stop, progress) -> st
     end (each within its timeout). The run's time line ends when the last one has."""
     offset = clock.offset
     seg_start = clock.start()
-    driver.start()
+    driver.start(config.duration_s - offset)
     state = _TickState(store, config, sampler, recorder, clock, progress, offset, seg_start)
     reason = "complete"
     end = seg_start + (config.duration_s - offset)
@@ -208,12 +208,12 @@ def _loop(store, config, sampler, recorder, driver, clock, stop, progress) -> st
         if stop.event.wait(max(wait, 0.0)):
             reason = stop.reason or "stopped"
             break
+        if time.monotonic() >= state.next_tick:  # the tick due at the end too: its window ends on time
+            state.tick()
         if time.monotonic() >= end:
             break
-        if time.monotonic() >= state.next_tick:
-            state.tick()
-    driver.finish()
     t_end = clock()
+    driver.finish()
     drain_until = time.monotonic() + config.timeout_s + 5.0  # every request ends within its timeout
     while driver.busy and time.monotonic() < drain_until:  # draining: windows go on covering the run
         time.sleep(min(max(state.next_tick - time.monotonic(), 0.0), 0.05))
