@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.support.images import TAG, ed25519_pem
-from tests.support.tamper import CHANGES, derive, swap_base_layer
+from tests.support.tamper import CHANGED, CHANGES, derive, swap_base_layer
 from veo_edge.errors import ImageTrustError
 from veo_edge.packaging import attest, signing
 
@@ -68,8 +68,11 @@ def test_a_changed_image_is_refused_by_verify_and_by_deploy(cpu_image, pin, tamp
 
     tag, client = tampered[kind], cpu_image.client
     changed = r"is unsigned: no signature image .*has signatures for other image IDs only.*changed after it was signed"
-    with pytest.raises(ImageTrustError, match=changed):
+    with pytest.raises(ImageTrustError, match=changed) as info:
         verify_image(tag, pin, client=client)
+    # and what changed: the config fields that differ from the signed image's, that one only
+    said = str(info.value).split(f"against the signed image {cpu_image.built.id[:19]}: ", 1)[1].split(";")[0]
+    assert said == CHANGED[kind], str(info.value)
     with pytest.raises(ImageTrustError, match=changed):
         verify_for_deploy(client, client, tag, pin, None, False)
     # the original signature offered for it (copied beside it, or as the file): names another image ID

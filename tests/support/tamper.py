@@ -23,6 +23,16 @@ CHANGES = {
     "pythonpath": "ENV PYTHONPATH=/cache/pylib",
     "user": "USER 0",
     "layer": "COPY evil.txt /usr/local/share/evil.txt",
+    "healthcheck": 'HEALTHCHECK CMD ["/bin/true"]',
+}
+#: what the refusal names as changed, for each of CHANGES (the config fields that differ)
+CHANGED = {
+    "entrypoint": "Entrypoint changed",
+    "ld_preload": "Env LD_PRELOAD added",
+    "pythonpath": "Env PYTHONPATH added",
+    "user": "User changed",
+    "layer": "1 layer added",
+    "healthcheck": "Healthcheck changed",
 }
 
 

@@ -26,8 +26,13 @@ def verify_target(
     """Verify ``target`` and return its report as a dict (``kind``: build or image); raises the target's
     verification error. ``key`` pins an image's signing key; ``cache`` is the cache directory (an image
     root) or volume (an image) to check for planted files."""
+    from veo_edge.errors import VeoEdgeError
     from veo_edge.packaging import manifest as image_manifest
 
+    if key is not None:  # a short fingerprint or a missing file is a mistake of the command line: say so now
+        from veo_edge.packaging.imagetrust import check_key
+
+        check_key(key)
     path = Path(target)
     if path.is_dir() and (path / image_manifest.MANIFEST_FILE).is_file():
         report = image_manifest.verify_root(path, key, Path(cache) if cache else None, allow_unsigned)
@@ -40,10 +45,14 @@ def verify_target(
         return {"kind": "build", **verify(target, progress=progress).to_dict()}
     from veo_edge.packaging.imagetrust import verify_image
 
-    return {
-        "kind": "image",
-        **verify_image(target, key, signature=signature, allow_unsigned=allow_unsigned, cache_volume=cache),
-    }
+    try:
+        report = verify_image(
+            target, key, signature=signature, allow_unsigned=allow_unsigned, cache_volume=cache
+        )
+    except VeoEdgeError as e:  # --json prints the report on failure too, as a build directory's does
+        e.details = {"kind": "image", "target": target, "ok": False, **(e.details or {})}
+        raise
+    return {"kind": "image", **report}
 
 
 def verify_command(
@@ -117,7 +126,9 @@ def verify_command(
         elif accepted:
             signed = "its image ID is not signed by a trusted key"
         else:
-            signed = f"image ID signed by {report['signed_by']} (trusted: {report['pinned_from']})"
+            signed = f"image ID signed by {report['signed_by']} (trusted: {report['pinned_from']}"
+            tried = report.get("signatures") or []
+            signed += f"; {report['signature']} of {len(tried)} found)" if len(tried) > 1 else ")"
         head = "[bold yellow]accepted UNVERIFIED[/]" if accepted else "[bold green]verified[/]"
         cache_note = f"; cache clean ({report['cache']['entries']} entries)" if report.get("cache") else ""
         c.print(

@@ -141,11 +141,14 @@ def _repos(client: Any, ref: str, image: Any) -> list[str]:
     return repos
 
 
-def find_signature(client: Any, ref: str, image: Any) -> tuple[bytes, str] | None:
-    """The envelope of ``image`` from its signature image on ``client`` (by every repository the image
-    is known by), and where it was found; None when there is none."""
+def find_signatures(client: Any, ref: str, image: Any) -> list[tuple[bytes, str]]:
+    """Every envelope for ``image``'s ID on ``client`` and where it was found: the signature image of each
+    repository the image is known by, then any other signature image whose subject label names the ID
+    (one left under a repository the image is no longer tagged in). Empty when there is none."""
     from docker.errors import ImageNotFound
 
+    found: list[tuple[bytes, str]] = []
+    seen: set[str] = set()
     for repo in _repos(client, ref, image):
         tag = signature_tag(repo, image.id)
         try:
@@ -153,9 +156,26 @@ def find_signature(client: Any, ref: str, image: Any) -> tuple[bytes, str] | Non
         except ImageNotFound:
             continue
         text = (sig.labels or {}).get(LABEL_SIGNATURE)
-        if text:
-            return text.encode(), f"signature image {tag}"
-    return None
+        if text and tag not in seen:
+            seen.add(tag)
+            found.append((text.encode(), f"signature image {tag}"))
+    for sig in client.images.list(filters={"label": f"{LABEL_SUBJECT}={image.id}"}):
+        text = (sig.labels or {}).get(LABEL_SIGNATURE)
+        tags = [t for t in sig.tags or [] if t not in seen]
+        if text and tags and not seen.intersection(sig.tags or []):
+            seen.update(tags)
+            found.append((text.encode(), f"signature image {tags[0]}"))
+    return found
+
+
+def claimed_signer(envelope_json: bytes) -> str:
+    """The fingerprint of the key an envelope says signed it (NOT verified: for naming it in an error)."""
+    try:
+        claimed = json.loads(signing.open_envelope(envelope_json, "signature", PAYLOAD_TYPE).payload)
+        pem = claimed["predicate"]["public_key"].encode()
+        return signing.fingerprint(signing.load_public_key(pem, "the claimed key"))
+    except (ValueError, KeyError, TypeError, AttributeError, ImageTrustError):
+        return "an unreadable key"
 
 
 def other_signatures(client: Any, ref: str, image: Any) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,42 @@ from veo_edge.errors import ImageNotFoundError, ImageTrustError
 from veo_edge.packaging import attest, localkey
 from veo_edge.packaging import manifest as im
 
+FINGERPRINT = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def check_key(key: str, flag: str = "--key") -> str:
+    """A given trusted key as its fingerprint, or a :class:`UsageError` now: a full ``sha256:`` + 64 hex
+    fingerprint, or a readable Ed25519 PEM public key file (a short or mistyped one is not a pin)."""
+    from veo_edge.errors import UsageError
+
+    key = str(key)
+    if key.startswith("sha256:"):
+        if not FINGERPRINT.fullmatch(key):
+            raise UsageError(
+                f"{flag} {key!r} is not a key fingerprint: expected sha256: and 64 lowercase hex digits (as "
+                "`veo-edge image build` prints it), or a PEM public key file"
+            )
+        return key
+    path = Path(key)
+    if not path.is_file():
+        raise UsageError(
+            f"{flag} {key!r} is neither a sha256:<64 hex> fingerprint nor an existing file; pass the signing "
+            "key's fingerprint or its PEM public key (KEY.pub.pem)"
+        )
+    try:
+        return im.trusted_fingerprint(key, env=False) or key
+    except ImageTrustError as e:
+        raise UsageError(
+            f"{flag} {key}: {e}; pass the signing key's PEM public key or its fingerprint"
+        ) from e
+
 
 def resolve_pin(explicit: str | None) -> tuple[str | None, str]:
     """The trusted key's fingerprint and where it came from (None, "none": no key anywhere)."""
     import os
 
     if explicit is not None:
-        return im.trusted_fingerprint(str(explicit), env=False), f"--key {explicit}"
+        return check_key(explicit), f"--key {explicit}"
     if os.environ.get(im.TRUSTED_KEY_ENV):
         return im.trusted_fingerprint(None), f"${im.TRUSTED_KEY_ENV}"
     local = localkey.fingerprint()
@@ -80,6 +110,34 @@ def scan_volume(client: Any, image_id: str, volume: str, mount: str):
         container.remove(force=True, v=True)  # and the anonymous /cache volume the image declares
 
 
+def _what_changed(client: Any, img: Any, other_tags: list[str]) -> str:
+    """The config fields that differ from the signed image's, where the engine still holds it."""
+    from veo_edge.packaging import configdiff
+
+    subjects = [(client.images.get(t).labels or {}).get(attest.LABEL_SUBJECT) for t in other_tags]
+    return configdiff.describe(client, img, [s for s in subjects if s])
+
+
+def _first_trusted(found: list[tuple[bytes, str]], image_id: str, pinned: str, source: str, refuse):
+    """The first of ``found`` (envelope, where) that verifies by ``pinned`` and where it was; otherwise
+    one refusal naming every signer found (a single signature keeps its own error)."""
+    errors: list[str] = []
+    for envelope, where in found:
+        try:
+            return attest.verify(envelope, image_id, pinned, f"{source} ({where})"), where
+        except ImageTrustError as e:
+            errors.append(str(e))
+    if len(found) == 1:
+        refuse(errors[0])
+    else:
+        signers = "; ".join(f"{where} by {attest.claimed_signer(env)}" for env, where in found)
+        refuse(
+            f"{source}: none of its {len(found)} signatures is by the trusted key {pinned} ({signers}); deploy "
+            "only images your key signed (--key/--verify-key/$VEO_EDGE_TRUSTED_KEY), or rebuild it with that key"
+        )
+    return None, None
+
+
 def verify_image(
     image: str,
     trusted_key: str | None = None,
@@ -108,24 +166,27 @@ def verify_image(
 
     def refuse(message: str) -> None:
         if not allow_unsigned:
-            raise ImageTrustError(message)
+            err = ImageTrustError(message)
+            err.details = {"source": source, "image_id": img.id, "pinned_key": pinned, "pinned_from": pin_from,
+                           "signatures": [where for _, where in found]}  # fmt: skip
+            raise err
         # accepted knowingly: the warning says what is wrong, not to pass the flag that was passed
         warnings.append(message.removesuffix(", or pass --allow-unsigned to accept it knowingly"))
 
     pinned, pin_from = resolve_pin(trusted_key)
     if signature is not None:
         try:
-            found: tuple[bytes, str] | None = (Path(signature).read_bytes(), f"--signature {signature}")
+            found = [(Path(signature).read_bytes(), f"--signature {signature}")]
         except OSError as e:
             raise ImageTrustError(f"--signature {signature} cannot be read ({e})") from e
     else:
-        found = attest.find_signature(client, image, img)
-    verified = None
-    if found is None:
+        found = attest.find_signatures(client, image, img)
+    verified = used = None
+    if not found:
         others = attest.other_signatures(client, image, img)
         changed = (
             f"; {attest.repo_of(image)} has signatures for other image IDs only ({others[0]}...): this image "
-            "was changed after it was signed"
+            f"was changed after it was signed{_what_changed(client, img, others)}"
             if others
             else ""
         )
@@ -140,26 +201,33 @@ def verify_image(
             f"set {im.TRUSTED_KEY_ENV}, or build on this machine (which makes the local key)"
         )
     else:
-        try:
-            verified = attest.verify(found[0], img.id, pinned, f"{source} ({found[1]})")
-        except ImageTrustError as e:
-            refuse(str(e))
+        verified, used = _first_trusted(found, img.id, pinned, source, refuse)
     signer = verified.signed_by if verified else None
 
     scanned = _scan_root(client, img.id, image)
     report: dict[str, Any] = {"source": source, "image_id": img.id, "ok": True, "files": 0, "bytes": 0}
-    if scanned is None:
-        refuse(f"{source} has no {im.IMAGE_ROOT}; it is not a veo-edge image")
+    if scanned is None:  # not even --allow-unsigned: there is nothing of veo-edge's to check
+        raise ImageTrustError(
+            f"{source} has no {im.IMAGE_ROOT}: it is not a veo-edge image, so nothing in it can be verified; "
+            "build one with `veo-edge image build BUILD_DIR --target ...`"
+        )
     else:
         entries, trust = scanned
         # the in-image manifest: signed by the same key as the image; unverified (allowed), by its own key
         own = None
-        if verified is None and im.MANIFEST_FILE in trust:
+        if im.MANIFEST_FILE in trust:
             try:
                 own = json.loads(trust[im.MANIFEST_FILE]).get("signing_key")
-            except ValueError:
+            except (ValueError, AttributeError):
                 own = None
-        report.update(im.check(entries, trust, source, signer or own, allow_unsigned=allow_unsigned))
+        if signer is not None and own is not None and own != signer:  # re-signed beside, not inside
+            refuse(
+                f"{source}: its image ID is signed by the trusted key {signer} ({used}), but the manifest "
+                f"baked in it is signed by {own}, so the container's own check would refuse that pin; "
+                f"trust {own} or rebuild the image with the trusted key"
+            )
+        manifest_key = signer if signer is not None and (own is None or own == signer) else own
+        report.update(im.check(entries, trust, source, manifest_key, allow_unsigned=allow_unsigned))
         raw = trust[im.MANIFEST_FILE]
         if verified is not None and verified.manifest_sha256 != hashlib.sha256(raw).hexdigest():
             refuse(f"{source}: the in-image manifest is not the one the image signature names")
@@ -172,7 +240,8 @@ def verify_image(
         signed_by=signer,
         pinned_key=pinned,
         pinned_from=pin_from,
-        signature=found[1] if found else None,
+        signature=used,
+        signatures=[where for _, where in found],
         warnings=warnings,
         verified=verified is not None,
     )
