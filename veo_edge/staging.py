@@ -112,7 +112,9 @@ class BuildOutput:
                 "--force replaces only build directories: choose another --out or empty it yourself"
             )
         if not self.force:
-            raise OutputExistsError(f"output directory {out} already exists; pass --force to overwrite it")
+            err = OutputExistsError(f"output directory {out} already exists; pass --force to overwrite it")
+            err.details = {"path": str(out), "finished_build": is_build_dir(out)}
+            raise err
 
     # -- the lock ---------------------------------------------------------------------------------
     def __enter__(self) -> BuildOutput:

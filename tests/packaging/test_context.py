@@ -141,7 +141,7 @@ def test_selinux_module_compiles_and_a_broken_policy_is_a_clear_error(
         selinux.compile_module(tmp_path / "broken")
 
 
-def test_no_engine_is_one_line_naming_docker_host(tmp_path: Path) -> None:
+def test_no_engine_is_one_line_naming_docker_host(nano_build: Path, tmp_path: Path) -> None:
     from veo_edge.packaging.image import connect
 
     sock = f"unix://{tmp_path}/no-docker.sock"
@@ -157,9 +157,11 @@ def test_no_engine_is_one_line_naming_docker_host(tmp_path: Path) -> None:
             os.environ.pop("DOCKER_HOST")
         else:
             os.environ["DOCKER_HOST"] = old
-    r = _veo("image", "build", "/nonexistent", "--target", "cpu", env={"DOCKER_HOST": sock})
+    r = _veo("image", "build", str(nano_build), "--target", "cpu", "--context-dir", str(tmp_path / "c"),
+             env={"DOCKER_HOST": sock})  # fmt: skip
     assert r.returncode == EngineUnreachableError.exit_code, r.stderr
     assert "DOCKER_HOST" in r.stderr and "--context-only" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "c").exists()
     out = tmp_path / "never"  # build --target: the engine is asked before the export, not after it
     r = _veo("build", "--model", "vit-nano", "--target", "cpu", "--out", str(out), env={"DOCKER_HOST": sock})
     assert r.returncode == EngineUnreachableError.exit_code and "--context-only" in r.stderr, r.stderr
@@ -213,6 +215,91 @@ def test_build_with_target_context_only_makes_the_build_and_its_context(
         assert f"--hash=sha256:{sha256_file(w)}" in lock
 
 
-def test_sign_key_that_is_not_a_file_is_a_usage_error(nano_build: Path, tmp_path: Path) -> None:
-    r = _veo("image", "build", str(nano_build), "--target", "cpu", "--sign-key", str(tmp_path / "nope.pem"))
+def test_a_bad_sign_key_or_build_directory_is_a_usage_error_before_any_work(
+    nano_build: Path, tmp_path: Path
+) -> None:
+    from tests.support.images import ed25519_pem
+    from veo_edge.packaging import signing
+
+    no_engine = {"DOCKER_HOST": f"unix://{tmp_path}/none.sock"}  # refused before the engine is asked
+    r = _veo(
+        "image",
+        "build",
+        str(nano_build),
+        "--target",
+        "cpu",
+        "--sign-key",
+        str(tmp_path / "nope.pem"),
+        env=no_engine,
+    )
     assert r.returncode == UsageError.exit_code and "is not a file" in r.stderr
+    pub = tmp_path / "k.pub.pem"
+    pub.write_bytes(
+        signing.public_pem(signing.load_private_key(ed25519_pem(tmp_path / "k.pem")).public_key())
+    )
+    r = _veo("image", "build", str(nano_build), "--target", "cpu", "--sign-key", str(pub), env=no_engine)
+    assert r.returncode == UsageError.exit_code and f"--sign-key {pub} is a public key" in r.stderr, r.stderr
+    r = _veo("image", "build", str(nano_build / "manifest.json"), "--target", "cpu", env=no_engine)
+    assert r.returncode == UsageError.exit_code, r.stderr
+    assert (
+        f"manifest.json is a file, not a build directory; pass the directory that holds it, {nano_build}"
+        in r.stderr
+    )
+    assert not list(tmp_path.glob("*.image-cpu")) and not list(nano_build.parent.glob("*.image-cpu"))
+
+
+def test_a_finished_build_in_the_way_of_build_target_points_to_image_build(
+    copy_build, nano_build: Path, tmp_path: Path
+) -> None:
+    """What an interrupted `build --target` leaves: the build directory, finished; a rerun says how to
+    make its image rather than only --force (which rebuilds the model)."""
+    out = copy_build(nano_build)
+    r = _veo("build", "--model", "vit-nano", "--out", str(out), "--target", "cpu", "--context-only",
+             env={"DOCKER_HOST": f"unix://{tmp_path}/none.sock"})  # fmt: skip
+    assert r.returncode == OutputExistsError.exit_code, r.stderr
+    assert f"to make its image run `veo-edge image build {out} --target cpu`" in r.stderr, r.stderr
+
+
+def test_a_full_disk_during_assembly_is_one_line_naming_the_way_out(nano_build: Path, tmp_path: Path) -> None:
+    import os
+
+    from veo_edge.errors import DiskFullError
+
+    small = tmp_path / "small"
+    small.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(small)], capture_output=True
+    )
+    if mount.returncode != 0 or os.geteuid() != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mount.stderr.decode().strip()}")
+    try:
+        opts = ContextOptions(
+            build_dir=nano_build, target=get_target("cpu"), out=small / "ctx", download_wheels=False
+        )
+        with pytest.raises(DiskFullError, match=r"no space left on device writing the image context .*small/ctx: "
+                           r"\d+ MB free there.*pass --context-dir DIR on another file system"):  # fmt: skip
+            assemble_context(opts)
+        assert not list(small.iterdir()), "the staging directory is removed"
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def test_engine_output_reaches_the_progress_without_ansi_escapes_and_names_its_steps() -> None:
+    """What the classic builder streams (colours, cursor moves) is written to a log or pipe as text; each
+    step's image and RUN container is recorded for the clean-up of the build's stage images."""
+    from veo_edge.packaging.engineimages import BuildTrace
+    from veo_edge.packaging.image import _stream
+
+    chunks = [
+        {"stream": "Step 1/2 : FROM base\n"},
+        {"stream": " ---> 5a898b4fa56c\n"},
+        {"stream": "Step 2/2 : RUN pip install x\n ---> Running in 1b2c352456e5\n"},
+        {"stream": "\x1b[91mWARNING: \x1b[0mthe \x1b[1mbold\x1b[0m part\x1b[2K\r\n"},
+        {"stream": " ---> c64452d41575\n"},
+        {"aux": {"ID": "sha256:" + "c6" * 32}},
+    ]
+    said: list[str] = []
+    trace = BuildTrace()
+    assert _stream(iter(chunks), said.append, "test", trace) == "sha256:" + "c6" * 32
+    assert "WARNING: the bold part" in said and not any("\x1b" in line for line in said)
+    assert trace.made == ["5a898b4fa56c", "c64452d41575"] and trace.running == ["1b2c352456e5"]

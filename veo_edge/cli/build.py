@@ -166,8 +166,13 @@ def build(
         val=val,
         max_accuracy_drop=max_accuracy_drop,
     )
+    from veo_edge.errors import OutputExistsError
+
     with interrupt_on_signals():  # SIGTERM cleans up as Ctrl-C does: no staging directory or lock left
-        result = run_build(opts)
+        try:
+            result = run_build(opts)
+        except OutputExistsError as e:
+            raise _finish_image_hint(e, target, image) from None
         if target is not None:
             from veo_edge.cli.image import package
 
@@ -222,6 +227,24 @@ def build(
         )
     else:
         c.print(f"Next: [bold]veo-edge infer {result.path}{_example_input(result.manifest)}[/]")
+
+
+def _finish_image_hint(e: Exception, target: str | None, image: str | None) -> Exception:
+    """A finished build in the way of ``build --target`` (its image build was interrupted or failed):
+    point to ``veo-edge image build``, which makes the image from it, before --force (which rebuilds)."""
+    from veo_edge.errors import OutputExistsError
+
+    details = getattr(e, "details", None) or {}
+    if target is None or not details.get("finished_build"):
+        return e
+    img = f" --image {image}" if image else ""
+    err = OutputExistsError(
+        f"build directory {details['path']} already exists and is a finished build; to make its image run "
+        f"`veo-edge image build {details['path']} --target {target}{img}`, or pass --force to rebuild the "
+        "model as well"
+    )
+    err.details = details
+    return err
 
 
 def _example_input(manifest: dict) -> str:

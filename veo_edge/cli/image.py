@@ -32,7 +32,7 @@ def package(
     image; prints progress and a summary, returns what was made."""
     from veo_edge.errors import UsageError
     from veo_edge.packaging import platforms
-    from veo_edge.packaging.context import ContextOptions, assemble_context
+    from veo_edge.packaging.context import ContextOptions, assemble_context, check_build_dir
     from veo_edge.targets import get_target
 
     if context_only and (image or save):
@@ -43,17 +43,28 @@ def package(
         if not quiet:
             c.print(msg, style="dim", soft_wrap=True, markup=False, highlight=False)
 
-    if sign_key is not None and not Path(sign_key).is_file():
-        raise UsageError(f"--sign-key {sign_key} is not a file; pass an Ed25519 PEM private key")
-    client = None
-    if not context_only:
-        from veo_edge.packaging.image import connect
+    check_build_dir(build_dir)
+    if sign_key is not None:  # a missing, public or other key: a usage error before any work
+        from veo_edge.errors import PackagingError
+        from veo_edge.packaging import signing
 
-        client = connect(building=True)  # before minutes of assembly: no engine is a one-line error now
-    # the platform's target, with the Python and glibc of its base image (read from the image when an
-    # engine holds it; the target's declared values otherwise, and the progress says which)
+        if not Path(sign_key).is_file():
+            raise UsageError(f"--sign-key {sign_key} is not a file; pass an Ed25519 PEM private key")
+        try:
+            signing.load_private_key(sign_key)
+        except PackagingError as e:
+            raise UsageError(str(e)) from e
     t = get_target(target)
     platform = platform or t.platform
+    client = None
+    if not context_only:
+        from veo_edge.packaging.image import connect, ensure_base
+
+        client = connect(building=True)  # before minutes of assembly: no engine is a one-line error now
+        # a base the engine lacks and cannot pull: one line now, not after the context and a failed FROM
+        ensure_base(client, base_image or t.base_image, platform, say)
+    # the platform's target, with the Python and glibc of its base image (read from the image when an
+    # engine holds it; the target's declared values otherwise, and the progress says which)
     facts = platforms.base_facts(t, base_image or t.base_image, platform, client, say)
     ctx = assemble_context(
         ContextOptions(
@@ -94,7 +105,15 @@ def package(
             )
         elif not quiet:
             say(f"image: signing with the local key {sign_key} ({fp})")
-    built = build_image(ctx, tag=image, sign_key=sign_key, save=save, progress=say, client=client)
+    try:
+        built = build_image(ctx, tag=image, sign_key=sign_key, progress=say, client=client)
+    except BaseException:  # a failed or interrupted build leaves no context behind (and no stage image)
+        _remove_context(ctx.path)
+        raise
+    if save is not None:  # the image is made: a failed save keeps it and its context
+        from veo_edge.packaging.engineimages import save_image
+
+        built.saved = save_image(client, built.tag, Path(save), say, built.signature_tag)
     result.update(
         image=built.tag,
         id=built.id,
@@ -113,9 +132,28 @@ def package(
         if built.signature_tag:
             c.print(f"  signature of image ID {built.id}: {built.signature_tag} and {built.signature_file}")
         if built.saved:
-            c.print(f"  saved to {built.saved} (docker load -i {built.saved})")
+            with_sig = f" with its signature image {built.signature_tag}" if built.signature_tag else ""
+            c.print(
+                f"  saved to {built.saved}{with_sig} (docker load -i {built.saved}, then veo-edge verify "
+                f"{built.tag})",
+                markup=False,
+                soft_wrap=True,
+            )
         c.print(f"  context, SBOM and manifest: {ctx.path}")
     return result
+
+
+def _remove_context(path: Path) -> None:
+    import shutil
+
+    size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    shutil.rmtree(path, ignore_errors=True)
+    console(stderr=True).print(
+        f"removed the image context {path} ({size / 1e6:.0f} MB): the image was not made",
+        markup=False,
+        soft_wrap=True,
+        highlight=False,
+    )
 
 
 @app.command("build")
@@ -123,7 +161,9 @@ def build_command(
     build_dir: Path = typer.Argument(..., help="A build directory made by `veo-edge build`."),
     target: str = typer.Option(..., "--target", "-t", help="orin, a100 or cpu."),
     image: str = typer.Option(None, "--image", help="Image tag (default: veo-edge/MODEL:VERSION-TARGET)."),
-    save: Path = typer.Option(None, "--save", help="Also write the image to this file (docker save)."),
+    save: Path = typer.Option(
+        None, "--save", help="Also write the image and its signature image to this file (docker save)."
+    ),
     context_only: bool = typer.Option(False, "--context-only", help="Assemble the build context only."),
     base_image: str = typer.Option(None, "--base-image", help="Runtime base image (default: the target's)."),
     sign_key: Path = typer.Option(
@@ -147,13 +187,15 @@ def build_command(
     ),
 ) -> None:
     """Build the container image of an existing build directory for a target."""
+    from veo_edge.cli._common import interrupt_on_signals
     from veo_edge.packaging.image import check_image_flags
 
     check_image_flags(image, base_image)  # a name Docker refuses: now, not after the context and image
-    result = package(
-        build_dir, target, image, save, context_only, base_image, sign_key, out, force,
-        quiet or json_out, platform, plugin_libs,
-    )  # fmt: skip
+    with interrupt_on_signals():  # SIGTERM/SIGHUP clean up as Ctrl-C does: no context, no stage image left
+        result = package(
+            build_dir, target, image, save, context_only, base_image, sign_key, out, force,
+            quiet or json_out, platform, plugin_libs,
+        )  # fmt: skip
     if json_out:
         print_json(result)
 

@@ -20,6 +20,7 @@ when complete.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -31,7 +32,7 @@ from typing import Any
 
 from veo_edge import __version__
 from veo_edge.builddir import MANIFEST_NAME
-from veo_edge.errors import OutputExistsError, UsageError
+from veo_edge.errors import DiskFullError, OutputExistsError, UsageError
 from veo_edge.packaging import layout, platforms, sbom, selinux, wheelhouse
 from veo_edge.packaging.sources import source_root
 from veo_edge.targets import Target
@@ -182,13 +183,23 @@ def _file_index(root: Path) -> dict[str, dict[str, Any]]:
     return index
 
 
+def check_build_dir(build_dir: Path) -> None:
+    """A :class:`UsageError` for a build directory argument that is missing or not a directory."""
+    build_dir = Path(build_dir)
+    if build_dir.exists() and not build_dir.is_dir():
+        named = build_dir.name == MANIFEST_NAME
+        hint = f"; pass the directory that holds it, {build_dir.parent}" if named else ""
+        raise UsageError(f"{build_dir} is a file, not a build directory{hint}")
+    if not build_dir.is_dir():
+        raise UsageError(f"build directory {build_dir} does not exist; run `veo-edge build` first")
+
+
 def assemble_context(opts: ContextOptions, progress: Progress | None = None) -> Context:
     """Write the build context of ``opts.build_dir`` for ``opts.target``; returns it."""
     say = progress or (lambda _msg: None)
     target = opts.target
     build_dir = Path(opts.build_dir)
-    if not build_dir.is_dir():
-        raise UsageError(f"build directory {build_dir} does not exist; run `veo-edge build` first")
+    check_build_dir(build_dir)
     model = _model_info(build_dir)
     note = platforms.check_servable(json.loads((build_dir / MANIFEST_NAME).read_text()), target.platform)
     if note:
@@ -196,6 +207,24 @@ def assemble_context(opts: ContextOptions, progress: Progress | None = None) -> 
     src = source_root()
     out = Path(opts.out) if opts.out is not None else default_out(build_dir, target)
     args = build_args(target, model, opts.base_image, opts.builder_image, opts.plugin_libs)
+    try:
+        _assemble(opts, out, args, model, src, say)
+    except (OSError, shutil.Error) as e:
+        if "No space left on device" not in str(e) and getattr(e, "errno", None) != errno.ENOSPC:
+            raise
+        free = shutil.disk_usage(out.parent).free if out.parent.exists() else 0
+        need = sum(p.stat().st_size for p in build_dir.rglob("*") if p.is_file())
+        raise DiskFullError(
+            f"no space left on device writing the image context {out}: {free / 1e6:.0f} MB free there, the "
+            f"build directory alone is {need / 1e6:.0f} MB and the wheelhouse several hundred more; free space "
+            "or pass --context-dir DIR on another file system"
+        ) from None
+    return Context(path=out, target=target, build_args=args, labels=labels(args), model=model)
+
+
+def _assemble(opts: ContextOptions, out: Path, args: dict[str, str], model: dict[str, Any], src: Path,
+              say: Progress) -> None:  # fmt: skip
+    target, build_dir = opts.target, Path(opts.build_dir)
     with _staged(out, opts.force) as stage:
         say(f"context: {target.dockerfile} for {target.name} ({target.platform}, base {args['BASE_IMAGE']})")
         shutil.copy2(src / target.dockerfile, stage / "Dockerfile")
@@ -242,4 +271,3 @@ def assemble_context(opts: ContextOptions, progress: Progress | None = None) -> 
         index = {"schema": "veo-edge/context-manifest/v1", "target": target.name, "model": model}
         index["files"] = _file_index(stage)
         (stage / CONTEXT_MANIFEST).write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
-    return Context(path=out, target=target, build_args=args, labels=labels(args), model=model)

@@ -116,26 +116,61 @@ def connect(timeout: int = 600, building: bool = False):
         raise PackagingError(
             "the Docker SDK is not installed; image builds need it: pip install 'veo-edge[image]'"
         ) from e
-    where = (
-        f"DOCKER_HOST={os.environ['DOCKER_HOST']}"
-        if os.environ.get("DOCKER_HOST")
-        else ("the default socket (DOCKER_HOST is not set)")
-    )
+    where = engine_name()
     try:
         client = docker.from_env(timeout=timeout)
         client.ping()
     except docker.errors.DockerException as e:
         hint = ENGINE_HINT + (", or pass --context-only to stop before the engine" if building else "")
         raise EngineUnreachableError(f"no Docker engine answers at {where} ({e}); {hint}") from e
+    client.veo_edge_engine = where
     return client
+
+
+def engine_name(client: Any = None) -> str:
+    """The engine as the user named it: DOCKER_HOST's value, as :func:`connect` recorded it on its client
+    (the SDK's base_url says http+docker://localhost for any unix socket); a client made elsewhere: its
+    base_url."""
+    if client is not None:
+        return getattr(client, "veo_edge_engine", None) or client.api.base_url
+    host = os.environ.get("DOCKER_HOST")
+    return f"DOCKER_HOST={host}" if host else "the default socket (DOCKER_HOST is not set)"
+
+
+def ensure_base(client: Any, base: str, platform: str | None, say: Progress) -> str:
+    """The base image in the engine before any build work: pulled when absent, or one line at once
+    when it cannot be (the build would only fail at its first FROM, the context assembled for nothing).
+    Returns its image ID."""
+    import docker
+
+    try:
+        return client.images.get(base).id
+    except docker.errors.ImageNotFound:
+        pass
+    say(f"base: {base} is not in the engine at {engine_name(client)}; pulling it")
+    try:
+        return client.images.pull(base, platform=platform).id
+    except docker.errors.APIError as e:
+        reason = (e.explanation or str(e)).strip().splitlines()[0]
+        raise ImageBuildError(
+            f"the base image {base} is not in the engine at {engine_name(client)} and could not be pulled ({reason}); "
+            "`docker pull` or `docker load` it there, or pass --base-image with an image the engine has "
+            "(docs/images.md)"
+        ) from e
+
+
+#: an ANSI escape sequence (colours, cursor moves) in the engine's output: kept out of logs and pipes
+_ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
 
 def default_tag(ctx: Context) -> str:
     return f"veo-edge/{ctx.model['name']}:{ctx.build_args['VEO_EDGE_VERSION']}-{ctx.target.name}"
 
 
-def _stream(chunks, say: Progress, what: str) -> str:
-    """Follow the engine's build output; the image id, or an ImageBuildError with the last lines."""
+def _stream(chunks, say: Progress, what: str, trace: Any = None) -> str:
+    """Follow the engine's build output (ANSI escapes removed); the image id, or an ImageBuildError with
+    the last lines. ``trace`` (:class:`.engineimages.BuildTrace`) records each step's image and each RUN
+    step's container, for :func:`.engineimages.drop_stage_images`."""
     tail: list[str] = []
     image_id = None
     for chunk in chunks:
@@ -143,10 +178,13 @@ def _stream(chunks, say: Progress, what: str) -> str:
             detail = chunk.get("errorDetail", {}).get("message") or chunk["error"]
             last = " | ".join(tail[-4:])
             raise ImageBuildError(f"{what} failed: {detail.strip()} (last output: {last})")
-        for line in chunk.get("stream", "").splitlines():
-            if line.strip():
-                tail.append(line.strip())
-                say(line.strip())
+        for raw in chunk.get("stream", "").splitlines():
+            line = _ANSI.sub("", raw).strip()
+            if line:
+                tail.append(line)
+                say(line)
+                if trace is not None:
+                    trace.see(line)
         aux = chunk.get("aux")
         if isinstance(aux, dict) and "ID" in aux:
             image_id = aux["ID"]
@@ -155,22 +193,6 @@ def _stream(chunks, say: Progress, what: str) -> str:
             f"{what}: the engine reported no image id (last output: {' | '.join(tail[-4:])})"
         )
     return image_id
-
-
-def _missing_base_hint(client: Any, base: str) -> str:
-    """Why a build failed when its base image is not in the engine (which then had to pull it)."""
-    import docker
-
-    try:
-        client.images.get(base)
-        return ""
-    except docker.errors.ImageNotFound:
-        return (
-            f"; the base image {base} is not in this engine, which could not pull it: `docker pull` or "
-            "`docker load` it there, or pass --base-image with an image the engine has (docs/images.md)"
-        )
-    except docker.errors.APIError:
-        return ""
 
 
 def _read_root(client, image: str) -> tuple[dict[str, im.Entry], dict[str, bytes]]:
@@ -220,26 +242,29 @@ def build_image(
     private = signing.load_private_key(sign_key) if sign_key is not None else None  # fail before building
     client = client or connect()
     tag = tag or default_tag(ctx)
-    say(f"image: building {tag} (stage {ctx.stage}) with the engine at {client.api.base_url}")
+    say(f"image: building {tag} (stage {ctx.stage}) with the engine at {engine_name(client)}")
+    ensure_base(client, ctx.build_args["BASE_IMAGE"], ctx.target.platform, say)
+    from veo_edge.packaging.engineimages import BuildTrace, drop_stage_images
+
+    trace = BuildTrace()
+    done = False
     try:
-        try:
-            first = _stream(
-                client.api.build(
-                    path=str(ctx.path),
-                    dockerfile="Dockerfile",
-                    target=ctx.stage,
-                    buildargs=ctx.build_args,
-                    rm=True,
-                    forcerm=True,
-                    pull=False,
-                    decode=True,
-                    platform=ctx.target.platform,  # a foreign one runs the RUN steps under QEMU
-                ),
-                say,
-                f"docker build of {ctx.path}",
-            )
-        except ImageBuildError as e:
-            raise ImageBuildError(f"{e}{_missing_base_hint(client, ctx.build_args['BASE_IMAGE'])}") from e
+        first = _stream(
+            client.api.build(
+                path=str(ctx.path),
+                dockerfile="Dockerfile",
+                target=ctx.stage,
+                buildargs=ctx.build_args,
+                rm=True,
+                forcerm=True,
+                pull=False,
+                decode=True,
+                platform=ctx.target.platform,  # a foreign one runs the RUN steps under QEMU
+            ),
+            say,
+            f"docker build of {ctx.path}",
+            trace,
+        )
         say("image: manifest of every file baked under /opt/veo-edge")
         entries, _ = _read_root(client, first)
         info = {
@@ -298,6 +323,12 @@ def build_image(
         raise ImageBuildError(
             f"the Docker engine refused the build of {ctx.path}: {e.explanation or e}"
         ) from e
+    else:
+        done = True
+    finally:
+        if not done:  # the engine builds on while the connection is open: close it, so that it stops
+            client.api.close()
+        drop_stage_images(client, trace, say, settle=not done)
     img = client.images.get(final)
     built = BuiltImage(
         tag=tag,
@@ -309,23 +340,7 @@ def build_image(
         signature_file=sig_file,
     )
     if save is not None:
-        built.saved = save_image(client, tag, Path(save), say)
+        from veo_edge.packaging.engineimages import save_image
+
+        built.saved = save_image(client, tag, Path(save), say, sig_tag)
     return built
-
-
-def save_image(client, tag: str, dest: Path, say: Progress) -> Path:
-    """``docker save`` of ``tag`` (named, so ``docker load`` restores the tag), written atomically."""
-    import docker
-
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(f".{dest.name}.part-{os.getpid()}")
-    say(f"image: saving {tag} to {dest}")
-    try:
-        with open(part, "wb") as f:
-            for chunk in client.images.get(tag).save(named=True):
-                f.write(chunk)
-        part.rename(dest)
-    except (OSError, docker.errors.APIError) as e:
-        part.unlink(missing_ok=True)
-        raise ImageBuildError(f"saving {tag} to {dest} failed: {e}") from e
-    return dest

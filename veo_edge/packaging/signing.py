@@ -50,6 +50,10 @@ def load_private_key(path: Path):
         raise PackagingError(
             f"--sign-key {path} cannot be read ({e}); pass an Ed25519 PEM private key"
         ) from e
+    if b"-----BEGIN PUBLIC KEY-----" in data:
+        raise PackagingError(
+            f"--sign-key {path} is a public key; signing takes the private half (the key.pem it came from)"
+        )
     password = os.environ.get("VEO_EDGE_SIGN_KEY_PASSWORD")
     try:
         key = _serialization().load_pem_private_key(data, password.encode() if password else None)
