@@ -82,12 +82,34 @@ def test_gpu_contexts(name: str, nano_build: Path, tmp_path: Path, selinux_tools
     assert sbom["bomFormat"] == "CycloneDX" and sbom["metadata"]["component"]["name"] == "veo-edge"
     assert "veo-edge" in {c["name"] for c in sbom["components"]}
     assert (p / "sbom.cdx.json").read_bytes() == (app / "sbom.cdx.json").read_bytes()
+    _check_sbom(sbom, build_manifest, ba["BASE_IMAGE"])
+    assert ctx.labels["org.opencontainers.image.revision"] == ba["VCS_REF"] != ""
     # the file index next to the context covers every file in it
     index = json.loads((p / CONTEXT_MANIFEST).read_text())["files"]
     on_disk = {str(f.relative_to(p)) for f in p.rglob("*") if f.is_file() and f.name != CONTEXT_MANIFEST}
     assert set(index) == on_disk
     for rel in ("app/model/model.onnx", "Dockerfile", "app/selinux/veo_edge.pp"):
         assert index[rel]["sha256"] == sha256_file(p / rel)
+
+
+def _check_sbom(sbom: dict, build_manifest: dict, base: str) -> None:
+    """The model (hashed), each artifact (hashed), the base image, and veo-edge's wheel as a local build;
+    valid CycloneDX by cyclonedx-python-lib's own schema check."""
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(json.dumps(sbom)) is None
+    by_type = {c["type"]: c for c in sbom["components"]}
+    model = by_type["machine-learning-model"]
+    arts = build_manifest["artifacts"]
+    assert model["name"] == "vit-nano" and model["hashes"][0]["content"] == arts["onnx"]["sha256"]
+    data = {c["name"]: c["hashes"][0]["content"] for c in model["components"] if c["type"] == "data"}
+    assert data == {a["path"]: a["sha256"] for a in arts.values()}
+    assert by_type["container"]["name"] == base
+    (own,) = [c for c in sbom["components"] if c["name"] == "veo-edge"]
+    assert own["purl"].startswith(f"pkg:generic/veo-edge@{own['version']}?checksum=sha256:")
+    assert own["hashes"][0]["content"] in own["purl"]
+    assert "pypi.org" not in json.dumps(own)
 
 
 def test_runtime_packages_carry_no_torch_or_exporter_and_cpu_no_gpu_packages() -> None:

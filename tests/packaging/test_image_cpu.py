@@ -58,6 +58,7 @@ def test_image_labels_user_healthcheck_size(cpu_image) -> None:
     build_manifest = json.loads((cpu_image.build / "manifest.json").read_text())
     assert labels["io.veo-edge.model.name"] == "vit-nano"
     assert labels["io.veo-edge.model.sha256"] == build_manifest["artifacts"]["onnx"]["sha256"]
+    assert labels["org.opencontainers.image.revision"] == cpu_image.ctx.build_args["VCS_REF"]
     # the venv stage's last image (~560 MB, untagged) is not left behind; the engine is named as given
     assert any(
         line.startswith("image: removed 1 dangling stage image(s) of this build") for line in cpu_image.log

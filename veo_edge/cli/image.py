@@ -56,20 +56,20 @@ def package(
             raise UsageError(str(e)) from e
     t = get_target(target)
     platform = platform or t.platform
-    client = None
+    client = base_id = None
     if not context_only:
         from veo_edge.packaging.image import connect, ensure_base
 
         client = connect(building=True)  # before minutes of assembly: no engine is a one-line error now
         # a base the engine lacks and cannot pull: one line now, not after the context and a failed FROM
-        ensure_base(client, base_image or t.base_image, platform, say)
+        base_id = ensure_base(client, base_image or t.base_image, platform, say)
     # the platform's target, with the Python and glibc of its base image (read from the image when an
     # engine holds it; the target's declared values otherwise, and the progress says which)
     facts = platforms.base_facts(t, base_image or t.base_image, platform, client, say)
     ctx = assemble_context(
         ContextOptions(
             build_dir=build_dir, target=platforms.for_platform(t, platform, facts), out=out,
-            base_image=base_image, force=force, plugin_libs=plugin_libs,
+            base_image=base_image, force=force, plugin_libs=plugin_libs, base_image_id=base_id,
         ),
         progress=say,
     )  # fmt: skip

@@ -34,7 +34,7 @@ from veo_edge import __version__
 from veo_edge.builddir import MANIFEST_NAME
 from veo_edge.errors import DiskFullError, OutputExistsError, UsageError
 from veo_edge.packaging import layout, platforms, sbom, selinux, wheelhouse
-from veo_edge.packaging.sources import source_root
+from veo_edge.packaging.sources import revision, source_root
 from veo_edge.targets import Target
 
 CONTEXT_MANIFEST = "context-manifest.json"
@@ -56,6 +56,8 @@ class ContextOptions:
     #: False: a GPU target's image without the plugin libraries (PLUGINS=no: a builder without CUDA or
     #: TensorRT); it serves on the CPU only, and its labels say so
     plugin_libs: bool = True
+    #: the base image's ID where an engine holds it (the SBOM names it); None: only its reference
+    base_image_id: str | None = None
 
 
 @dataclass
@@ -128,6 +130,7 @@ def build_args(
         "CUDA_VERSION": target.versions.get("cuda", "none"),
         "TENSORRT_VERSION": target.versions.get("tensorrt", "none"),
         "JETPACK_VERSION": target.versions.get("jetpack", "none"),
+        "VCS_REF": revision(),
     }
     if target.has_gpu:
         # without the plugin libraries the builder stage builds nothing: the base serves as its image, so
@@ -157,6 +160,7 @@ def labels(args: dict[str, str]) -> dict[str, str]:
     """The OCI / veo-edge labels the Dockerfile sets from ``args`` (tests and inspect compare them)."""
     return {
         "org.opencontainers.image.version": args["VEO_EDGE_VERSION"],
+        "org.opencontainers.image.revision": args.get("VCS_REF", "unknown"),
         "io.veo-edge.target": args["TARGET"],
         "io.veo-edge.model.name": args["MODEL_NAME"],
         "io.veo-edge.model.sha256": args["MODEL_SHA256"],
@@ -251,6 +255,9 @@ def _assemble(opts: ContextOptions, out: Path, args: dict[str, str], model: dict
         shutil.copy2(lock, app / wheelhouse.LOCK_NAME)
         say("context: CycloneDX SBOM of the image's Python environment (cyclonedx-py)")
         sbom.make_sbom(lock, src / "pyproject.toml", app / sbom.SBOM_NAME)
+        sbom.complete(
+            app / sbom.SBOM_NAME, stage / "wheels", build_dir, model, args["BASE_IMAGE"], opts.base_image_id
+        )
         shutil.copy2(app / sbom.SBOM_NAME, stage / sbom.SBOM_NAME)
         # modes the image keeps: everything readable, only the scripts executable (owner root)
         for p in app.rglob("*"):

@@ -37,3 +37,21 @@ def source_root() -> Path:
         f"a wheel carries at {PACKAGED_ROOT} (missing there: {', '.join(absent)}); reinstall veo-edge "
         "from its wheel (`pip install --force-reinstall veo-edge`) or from a checkout (`pip install -e .`)"
     )
+
+
+def revision() -> str:
+    """The git commit the image sources come from (``org.opencontainers.image.revision``), with ``-dirty``
+    when the checkout has uncommitted changes to tracked files; ``unknown`` outside a git checkout (an
+    installed wheel)."""
+    import subprocess
+
+    if not from_checkout():
+        return "unknown"
+    try:
+        head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "diff", "--quiet", "HEAD", "--"],
+                               capture_output=True, timeout=30).returncode  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}-dirty" if dirty == 1 else head or "unknown"
