@@ -47,7 +47,12 @@ def verify_target(
 
     try:
         report = verify_image(
-            target, key, signature=signature, allow_unsigned=allow_unsigned, cache_volume=cache
+            target,
+            key,
+            signature=signature,
+            allow_unsigned=allow_unsigned,
+            cache_volume=cache,
+            veo_edge_only=True,
         )
     except VeoEdgeError as e:  # --json prints the report on failure too, as a build directory's does
         e.details = {"kind": "image", "target": target, "ok": False, **(e.details or {})}

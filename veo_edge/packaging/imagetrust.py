@@ -146,9 +146,12 @@ def verify_image(
     allow_unsigned: bool = False,
     cache_volume: str | None = None,
     cache_mount: str = "/cache",
+    veo_edge_only: bool = False,
 ) -> dict[str, Any]:
     """The report of ``image``'s signature (over its ID), its baked files and, with ``cache_volume``,
-    that volume; raises :class:`ImageTrustError` on the first refusal (unless ``allow_unsigned``)."""
+    that volume; raises :class:`ImageTrustError` on the first refusal (unless ``allow_unsigned``).
+    ``veo_edge_only`` (``veo-edge verify``): an image with no /opt/veo-edge is refused even with
+    ``allow_unsigned``, there being nothing to verify; a deploy's --allow-unsigned takes any image."""
     import docker
 
     from veo_edge.packaging.image import check_reference, connect
@@ -206,11 +209,14 @@ def verify_image(
 
     scanned = _scan_root(client, img.id, image)
     report: dict[str, Any] = {"source": source, "image_id": img.id, "ok": True, "files": 0, "bytes": 0}
-    if scanned is None:  # not even --allow-unsigned: there is nothing of veo-edge's to check
-        raise ImageTrustError(
+    if scanned is None:
+        message = (
             f"{source} has no {im.IMAGE_ROOT}: it is not a veo-edge image, so nothing in it can be verified; "
             "build one with `veo-edge image build BUILD_DIR --target ...`"
         )
+        if veo_edge_only:  # not even --allow-unsigned: "0 files, every sha256 matches" would be a lie
+            raise ImageTrustError(message)
+        refuse(message)
     else:
         entries, trust = scanned
         # the in-image manifest: signed by the same key as the image; unverified (allowed), by its own key
