@@ -1,5 +1,6 @@
 """What an image build leaves on the engine and takes from it: the ``docker save`` archive of the image
-with its signature image, and the dangling stage images of the build, removed."""
+with its signature image, and the dangling stage images of a failed or interrupted build, removed (a
+finished build's are its cache: kept, and said)."""
 
 from __future__ import annotations
 
@@ -136,3 +137,20 @@ def drop_stage_images(client: Any, trace: BuildTrace, say: Progress, settle: boo
             continue
     if ours:
         say(f"image: removed {len(ours)} dangling stage image(s) of this build ({freed / 1e6:.0f} MB)")
+
+
+def say_stage_images(client: Any, trace: BuildTrace, say: Progress) -> None:
+    """Say which untagged stage images a finished build left: the classic builder's cache (the venv
+    stage, ~560 MB for cpu), which a rebuild of the same context takes instead of installing again."""
+    import docker
+
+    try:
+        ours, _ = _ours(client, trace)
+        size = sum(int(client.images.get(i).attrs.get("Size") or 0) for i in ours)
+    except docker.errors.APIError:
+        return
+    if ours:
+        say(
+            f"image: {len(ours)} untagged stage image(s) of this build kept as its build cache ({size / 1e6:.0f} "
+            "MB; a rebuild of the same context takes them; `docker image prune` removes them)"
+        )

@@ -244,7 +244,7 @@ def build_image(
     tag = tag or default_tag(ctx)
     say(f"image: building {tag} (stage {ctx.stage}) with the engine at {engine_name(client)}")
     ensure_base(client, ctx.build_args["BASE_IMAGE"], ctx.target.platform, say)
-    from veo_edge.packaging.engineimages import BuildTrace, drop_stage_images
+    from veo_edge.packaging.engineimages import BuildTrace, drop_stage_images, say_stage_images
 
     trace = BuildTrace()
     done = False
@@ -328,7 +328,9 @@ def build_image(
     finally:
         if not done:  # the engine builds on while the connection is open: close it, so that it stops
             client.api.close()
-        drop_stage_images(client, trace, say, settle=not done)
+            drop_stage_images(client, trace, say, settle=True)
+        else:  # a finished build's stage images are its cache: kept, and said
+            say_stage_images(client, trace, say)
     img = client.images.get(final)
     built = BuiltImage(
         tag=tag,
