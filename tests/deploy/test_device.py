@@ -123,8 +123,13 @@ def test_deploy_transfers_runs_healthy_then_rolls_back_a_bad_release(
     r = veo("deploy", "status", name, "--to", device_engine.host)
     assert r.returncode == 0, r.stderr
     assert f"previous: {name}-previous {test_images['v1']} exited (stopped, kept for" in r.stdout, r.stdout
-    r = veo("deploy", "rollback", name, "--to", device_engine.host, "--json")
+    # the kept v1 is unsigned: a rollback verifies it as a deploy would, so it needs --allow-unsigned too
+    r = veo("deploy", "rollback", name, "--to", device_engine.host)
+    assert r.returncode == 43 and "is unsigned" in r.stderr and "runs as before" in r.stderr, r.stderr
+    assert state(device_engine, name)["image"] == test_images["v2"]
+    r = veo("deploy", "rollback", name, "--to", device_engine.host, "--allow-unsigned", "--json")
     assert r.returncode == 0, r.stderr
+    assert not json.loads(r.stdout)["verified"] and "rolling back to an UNVERIFIED release" in r.stderr
     assert state(device_engine, name)["image"] == test_images["v1"]
     assert state(device_engine, name)["health"] == "healthy"
     assert state(device_engine, f"{name}-previous")["image"] == test_images["v2"]
@@ -232,6 +237,44 @@ def test_net_bind_service_for_a_non_root_user_below_1024_is_refused_before_any_e
     for ok in (["--port", "80", "--user", "0:0"], ["--port", "8080"]):
         r = veo("deploy", "some/image:1", *to, "--cap-add", "NET_BIND_SERVICE", *ok)
         assert r.returncode == 41, r.stderr
+
+
+def test_rollback_refuses_a_previous_release_deploy_did_not_make_or_made_with_other_options(
+    docker_engine, device_engine, test_images, release_name
+) -> None:
+    """Whatever is named NAME-previous is not started on trust: a container made by hand (another
+    entrypoint, capabilities kept, a writable root) is refused, and so is one deploy made with a relaxed
+    option the rollback was not given; nothing of the running release is touched."""
+    name = release_name
+    r = deploy(docker_engine, device_engine, test_images["v1"], "--name", name, "--cap-add", "NET_RAW")
+    assert r.returncode == 0, r.stderr
+    r = deploy(docker_engine, device_engine, test_images["v2"], "--name", name)
+    assert r.returncode == 0, r.stderr
+    running = device_engine.docker("inspect", "-f", "{{.Id}}", name).stdout
+    rollback = ("deploy", "rollback", name, "--to", device_engine.host, "--allow-unsigned")
+    r = veo(*rollback)
+    assert r.returncode == 43, r.stderr
+    assert "it adds capabilities NET_RAW (pass --cap-add for each to accept)" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert device_engine.docker("inspect", "-f", "{{.Id}}", name).stdout == running
+    r = veo(*rollback, "--cap-add", "NET_RAW")  # given as the deploy was: accepted
+    assert r.returncode == 0, r.stderr
+    assert state(device_engine, name)["image"] == test_images["v1"]
+
+    running = device_engine.docker("inspect", "-f", "{{.Id}}", name).stdout
+    device_engine.docker("rm", f"{name}-previous")
+    device_engine.docker("create", "--name", f"{name}-previous", "--network", "host", "--health-cmd", "true",
+                         "--entrypoint", "/bin/sh", test_images["v1"], "-c", "echo EVIL; sleep 600")  # fmt: skip
+    r = veo(*rollback)
+    assert r.returncode == 43, r.stderr
+    err = " ".join(r.stderr.split())
+    for why in ("veo-edge deploy did not make it for", "its entrypoint ['/bin/sh'] is not the image's",
+                "it keeps Linux capabilities", "its root filesystem is writable",
+                "it lacks no-new-privileges", f"nothing was stopped, {name} runs as before"):  # fmt: skip
+        assert why in err, err
+    assert state(device_engine, f"{name}-previous")["status"] == "created"  # never started
+    assert device_engine.docker("inspect", "-f", "{{.Id}}", name).stdout == running
+    assert state(device_engine, name)["status"] == "running"
 
 
 def test_status_of_an_unknown_release_and_a_missing_image(docker_engine, device_engine) -> None:

@@ -128,3 +128,24 @@ def _print(report: dict, name: str, image: str, to: str, swarm: bool, json_out: 
         f"deployed: {image} ({report['image_id'][:19]}, {trust}) healthy as {name} on {to} after "
         f"{report['healthy_after_s']:.1f} s{prev}"
     )
+
+
+def rollback_release(client, name: str, timeout: float, out, json_out: bool, trusting, least) -> dict:
+    """``deploy rollback NAME`` on one device: the kept release is checked as a deploy checks a new one
+    (:mod:`veo_edge.deploy.release_check`) before the running one is touched."""
+    from veo_edge.cli._deploy_ui import Status
+    from veo_edge.deploy import rollback
+    from veo_edge.deploy.release_check import previous_release_check
+
+    check, seen = previous_release_check(client, name, trusting.key, trusting.signature,
+                                         trusting.allow_unsigned, least)  # fmt: skip
+    with Status(out, f"rolling back {name}", json_out) as note:
+        report = rollback(client, name, timeout, lambda c, h, t: note(f"{c}: {h} ({t:.0f} s)"),
+                          check=check).to_dict()  # fmt: skip
+    report.update(verified=seen["verified"], signed_by=seen["signed_by"], warnings=seen["warnings"])
+    for warning in report["warnings"]:
+        out.print(
+            f"[bold red]WARNING: rolling back to an UNVERIFIED release (--allow-unsigned):[/] {warning}"
+        )
+    signer = f"image ID signed by {report['signed_by']}" if report["verified"] else "UNVERIFIED"
+    return {**report, "trust": f" ({signer})"}

@@ -92,7 +92,9 @@ def deploy(
         None, "--signature", help="A detached image signature (default: the <repo>:sha256-<id>.sig image)."
     ),
     allow_unsigned: bool = typer.Option(
-        False, "--allow-unsigned", help="Deploy an unsigned or unverified image anyway (loudly)."
+        False,
+        "--allow-unsigned",
+        help="Deploy (or roll back to) an unsigned or unverified image anyway (loudly).",
     ),
     swarm: bool = typer.Option(
         False, "--swarm", help="Deploy a Docker Swarm service instead of a container."
@@ -150,7 +152,8 @@ def deploy(
     """Verify an image by its ID, ship exactly that ID, prove it healthy, and roll back when it is not.
 
     `deploy status NAME` shows the release and the kept previous one, `deploy rollback NAME` swaps
-    them, `deploy remove NAME` stops and removes both (and the control-token volume or secrets; the
+    them once the kept one passes a deploy's checks (its signature and files, and the least-privilege
+    flags as given), `deploy remove NAME` stops and removes both (and the control-token volume or secrets; the
     engine-cache volume with --volumes)."""
     from veo_edge.cli._common import interrupt_on_signals
     from veo_edge.errors import UsageError
@@ -166,7 +169,8 @@ def deploy(
             if args[0] == "remove":
                 _remove(args[1], address, swarm, volumes, timeout, json_out)
             else:
-                _action(args[0], args[1], address, swarm, timeout, json_out)
+                least = _least_privilege(user, cap_add, allow_privilege_escalation, pids_limit, gpus)
+                _action(args[0], args[1], address, swarm, timeout, json_out, trusting, least)
         return
     from veo_edge.packaging.image import check_reference, check_registry
 
@@ -295,9 +299,9 @@ def _address(to, tls_ca, tls_cert, tls_key):
     return EngineAddress(to, tls)
 
 
-def _action(action, name, address, swarm, timeout, json_out) -> None:
+def _action(action, name, address, swarm, timeout, json_out, trusting=None, least=None) -> None:
     from veo_edge.cli._deploy_ui import Status
-    from veo_edge.deploy import rollback, rollback_service, service_status, status
+    from veo_edge.deploy import rollback_service, service_status, status
 
     client = address.connect()
     out = console(stderr=True)
@@ -340,15 +344,17 @@ def _action(action, name, address, swarm, timeout, json_out) -> None:
         with Status(out, f"rolling back service {name}", json_out) as note:
             report = rollback_service(client, name, timeout, lambda s, t: note(f"{s} ({t:.0f} s)"))
     else:
-        with Status(out, f"rolling back {name}", json_out) as note:
-            report = rollback(client, name, timeout, lambda c, h, t: note(f"{c}: {h} ({t:.0f} s)")).to_dict()
+        from veo_edge.cli._deploy_run import rollback_release
+
+        report = rollback_release(client, name, timeout, out, json_out, trusting, least)
+    signer = report.pop("trust", "")
     if json_out:
         print_json(report)
     else:
         if report.get("recovered"):
             typer.echo(report["recovered"])
         now = report.get("image") or report.get("bound_to")
-        typer.echo(f"rolled back: {name} on {address.url}{f' runs {now} again' if now else ''}")
+        typer.echo(f"rolled back: {name} on {address.url}{f' runs {now} again' if now else ''}{signer}")
 
 
 def _remove(name, address, swarm, volumes, timeout, json_out) -> None:

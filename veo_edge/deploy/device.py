@@ -277,9 +277,12 @@ def rollback(
     progress: HealthProgress | None = None,
     stop_timeout: int = 30,
     on_step: StepHook | None = None,
+    check: Callable[[Any], Any] | None = None,
 ) -> DeployResult:
     """Swap the running release ``name`` with the kept ``name-previous`` and prove that one healthy;
-    when it is not, the current release comes back (and is proven healthy again)."""
+    when it is not, the current release comes back (and is proven healthy again). ``check`` is called
+    with the kept container before anything is touched and refuses it by raising (the CLI passes
+    :func:`veo_edge.deploy.release_check.previous_release_check`: its image and its run options)."""
     check_name(name)
     recovered = recover(client, name, timeout, progress)
     previous = _get(client, name + PREVIOUS_SUFFIX)
@@ -288,6 +291,8 @@ def rollback(
             f"no previous release of {name} is kept on that engine (no container {name + PREVIOUS_SUFFIX})"
             f"{service_hint(client, name)}"
         )
+    if check is not None:
+        check(previous)
     current = _get(client, name)
     try:
         if current is not None:

@@ -83,17 +83,21 @@ def _reader(client: Any, image: str, path: str = im.IMAGE_ROOT, volume: str | No
     return container
 
 
-def _scan_root(client: Any, image_id: str, ref: str):
+def _scan_root(client: Any, image_id: str, ref: str, scan_from: Any = None):
+    """The image root's entries and trust files, read through a created reader container of
+    ``image_id`` (removed after), or through ``scan_from``, an existing container of it (its own layer
+    included); None when it has no image root."""
     import docker
 
-    container = _reader(client, image_id)
+    container = scan_from or _reader(client, image_id)
     try:
         bits, _ = container.get_archive(im.IMAGE_ROOT)
         return im.scan_tar(bits, Path(im.IMAGE_ROOT).name)
     except docker.errors.NotFound:
         return None
     finally:
-        container.remove(force=True, v=True)  # and the anonymous /cache volume the image declares
+        if scan_from is None:
+            container.remove(force=True, v=True)  # and the anonymous /cache volume the image declares
 
 
 def scan_volume(client: Any, image_id: str, volume: str, mount: str):
@@ -147,11 +151,16 @@ def verify_image(
     cache_volume: str | None = None,
     cache_mount: str = "/cache",
     veo_edge_only: bool = False,
+    signed_as: str | None = None,
+    scan_from: Any = None,
 ) -> dict[str, Any]:
     """The report of ``image``'s signature (over its ID), its baked files and, with ``cache_volume``,
     that volume; raises :class:`ImageTrustError` on the first refusal (unless ``allow_unsigned``).
     ``veo_edge_only`` (``veo-edge verify``): an image with no /opt/veo-edge is refused even with
-    ``allow_unsigned``, there being nothing to verify; a deploy's --allow-unsigned takes any image."""
+    ``allow_unsigned``, there being nothing to verify; a deploy's --allow-unsigned takes any image.
+    ``signed_as``: the reference the image was deployed as, whose repository holds its signature image
+    (for an ``image`` given by ID that may have lost its tags); ``scan_from``: read the files through
+    this existing container of the image (a release about to be started again) instead of a new one."""
     import docker
 
     from veo_edge.packaging.image import check_reference, connect
@@ -183,18 +192,19 @@ def verify_image(
         except OSError as e:
             raise ImageTrustError(f"--signature {signature} cannot be read ({e})") from e
     else:
-        found = attest.find_signatures(client, image, img)
+        found = attest.find_signatures(client, signed_as or image, img)
     verified = used = None
     if not found:
-        others = attest.other_signatures(client, image, img)
+        others = attest.other_signatures(client, signed_as or image, img)
         changed = (
-            f"; {attest.repo_of(image)} has signatures for other image IDs only ({others[0]}...): this image "
-            f"was changed after it was signed{_what_changed(client, img, others)}"
+            f"; {attest.repo_of(signed_as or image)} has signatures for other image IDs only ({others[0]}...): "
+            f"this image was changed after it was signed{_what_changed(client, img, others)}"
             if others
             else ""
         )
         refuse(
-            f"{source} is unsigned: no signature image {attest.signature_tag(attest.repo_of(image), img.id)} "
+            f"{source} is unsigned: no signature image "
+            f"{attest.signature_tag(attest.repo_of(signed_as or image), img.id)} "
             f"on the engine and no --signature file{changed}; build it with `veo-edge build --target ...` "
             "(it signs), or pass --allow-unsigned to accept it knowingly"
         )
@@ -207,7 +217,7 @@ def verify_image(
         verified, used = _first_trusted(found, img.id, pinned, source, refuse)
     signer = verified.signed_by if verified else None
 
-    scanned = _scan_root(client, img.id, image)
+    scanned = _scan_root(client, img.id, image, scan_from)
     report: dict[str, Any] = {"source": source, "image_id": img.id, "ok": True, "files": 0, "bytes": 0}
     if scanned is None:
         message = (
