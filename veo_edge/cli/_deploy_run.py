@@ -61,6 +61,12 @@ def ship(
         )
     if moved.method == "present" and not json_out:
         out.print(f"{address.url} already has {image} ({moved.image_id[:19]}): no transfer")
+    before = len(trust.warnings)  # the target's own copy, checked before anything runs or stops
+    trust = steps.verify_on_target(
+        client, trust, image, trusting.key, trusting.signature, trusting.allow_unsigned
+    )
+    for warning in trust.warnings[before:]:
+        out.print(f"[bold red]WARNING: the target's copy is UNVERIFIED (--allow-unsigned):[/] {warning}")
     facts = steps.facts_for(client, trust.image_id, image, target)
     name = name or default_name(facts)
     env = {**plan.env, **trust.env}  # the pins win over -e

@@ -2,8 +2,9 @@
 volume, wire the pins and the control token, run it (one device or a swarm service).
 
 Verification happens on the engine that holds the image (the local one, or the target when it was built
-there) before anything moves or stops; everything after names the verified ID, so a tag moved in the
-meantime changes nothing. The container's own check is pinned to the same signer
+there) before anything moves or stops, and again on the target's own copy after the transfer
+(:func:`verify_on_target`); everything after names the verified ID, so a tag moved in the meantime
+changes nothing. The container's own check is pinned to the same signer
 (``VEO_EDGE_TRUSTED_KEY``); ``--allow-unsigned`` deploys an unverified image loudly and tells the
 container so (``VEO_EDGE_ALLOW_UNSIGNED=1``).
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from veo_edge.errors import DeployError, ImageNotFoundError, UsageError
+from veo_edge.errors import DeployError, ImageNotFoundError, ImageTrustError, UsageError
 
 CONTROL_DIR = "/run/secrets/veo-edge"
 CONTROL_FILE = "control-token"
@@ -38,6 +39,8 @@ class Trust:
     signed_by: str | None
     signature_tag: str | None
     warnings: list[str] = field(default_factory=list)
+    #: verified on the target engine itself (built there): its copy needs no second look
+    on_target: bool = False
 
     @property
     def env(self) -> dict[str, str]:
@@ -71,7 +74,36 @@ def verify_for_deploy(
         sig = report["signature"].removeprefix("signature image ")
     elif report["verified"]:
         sig = attest.signature_tag(attest.repo_of(image), report["image_id"])
-    return Trust(report["image_id"], report["verified"], report["signed_by"], sig, report["warnings"])
+    return Trust(
+        report["image_id"], report["verified"], report["signed_by"], sig, report["warnings"], holder is target
+    )
+
+
+def verify_on_target(
+    target: Any, trust: Trust, image: str, key: str | None, signature: Path | None, allow_unsigned: bool
+) -> Trust:
+    """Verify the target engine's own copy of ``trust.image_id`` as ``veo-edge verify`` does there: its
+    signature and its files. The verified ID says nothing about the bytes the target holds when it had
+    the image already (no transfer), or a layer of it (``docker load`` keeps a layer it has): a file
+    changed in the device's store is only seen there. Returns ``trust`` with any new warnings; an
+    unverified deploy (``--allow-unsigned`` of an image that did not verify) has nothing to re-check."""
+    from veo_edge.packaging.imagetrust import verify_image
+
+    if trust.on_target or not trust.verified:
+        return trust
+    try:
+        report = verify_image(
+            trust.image_id, key, client=target, signature=signature, allow_unsigned=allow_unsigned,
+            signed_as=image,
+        )  # fmt: skip
+    except ImageTrustError as e:
+        raise ImageTrustError(
+            f"the target engine's copy of {image}: {e}; nothing was started or stopped: the device's image "
+            "store was changed, find out how, then remove that image there (its containers first) and deploy "
+            "again to send a clean copy"
+        ) from e
+    new = [w for w in report["warnings"] if w not in trust.warnings]
+    return dataclasses.replace(trust, warnings=[*trust.warnings, *new], on_target=True)
 
 
 def check_cache_volume(client: Any, trust: Trust, volume: str, mount: str) -> dict[str, Any] | None:
