@@ -185,9 +185,19 @@ def test_bad_grpc_ports_and_registries_are_refused_before_any_engine() -> None:
         (["--grpc-port", "9001", "--env", "VEO_EDGE_GRPC_PORT=9002"], "disagree; give one"),
         (["--registry", "http://127.0.0.1:5000"], "is not a registry address: HOST[:PORT]"),
         (["--registry", "bad registry"], "--registry 'bad registry' is not a registry address"),
+        # a verified deploy's container keeps its own signature check: not switched off by -e
+        (["-e", "VEO_EDGE_ALLOW_UNSIGNED=1"], "--env VEO_EDGE_ALLOW_UNSIGNED=1 would switch off the"),
     ):
         r = veo("deploy", "some/image:1", "--to", "unix:///nonexistent/docker.sock", *args)
         assert r.returncode == 2 and said in r.stderr, r.stderr
+    for mode in ([], ["--swarm"], ["--k8s", "/nonexistent/out"]):
+        r = veo("deploy", "some/image:1", "--to", "unix:///nonexistent/docker.sock", *mode,
+                "-e", "VEO_EDGE_ALLOW_UNSIGNED=yes")  # fmt: skip
+        assert r.returncode == 2 and "--allow-unsigned to deploy an unverified image" in r.stderr, r.stderr
+    # with --allow-unsigned it is what the deploy sets anyway: refused only for the missing engine
+    r = veo("deploy", "some/image:1", "--to", "unix:///nonexistent/docker.sock", "--allow-unsigned",
+            "-e", "VEO_EDGE_ALLOW_UNSIGNED=1")  # fmt: skip
+    assert r.returncode == 41, r.stderr
 
 
 @pytest.mark.parametrize(
