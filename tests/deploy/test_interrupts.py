@@ -74,13 +74,14 @@ def _names(client, name: str) -> set[str]:
 class _Interrupt:
     """Raise KeyboardInterrupt (what Ctrl-C, and SIGTERM/SIGHUP through the CLI, raise) at one step."""
 
-    def __init__(self, at: str) -> None:
-        self.at, self.fired = at, False
+    def __init__(self, at: str, signal_name: str = "SIGTERM") -> None:
+        self.at, self.fired, self.signal_name = at, False, signal_name
 
     def _fire(self) -> None:
         if not self.fired:  # once: the restore that follows waits with the same callback
             self.fired = True
-            raise KeyboardInterrupt("SIGTERM")
+            # the CLI names SIGTERM and SIGHUP; Python's own Ctrl-C (SIGINT) comes with no name
+            raise KeyboardInterrupt(self.signal_name) if self.signal_name else KeyboardInterrupt()
 
     def step(self, name: str) -> None:
         if name == self.at:
@@ -95,10 +96,11 @@ class _Interrupt:
 def test_an_interrupted_deploy_restores_the_previous_release(device, release, at) -> None:
     client, facts = device
     name, opts = release
-    stop = _Interrupt(at)
+    stop = _Interrupt(at, "" if at == "waiting" else "SIGTERM")  # a Ctrl-C while waiting
+    said = "SIGINT, Ctrl-C" if at == "waiting" else "SIGTERM"
     with pytest.raises(
         DeployInterruptedError,
-        match=rf"interrupted \(SIGTERM\) while deploying veo-test/tiny:v2 as {name}; rolled back to the previous release veo-test/tiny:v1, healthy again",
+        match=rf"interrupted \({said}\) while deploying veo-test/tiny:v2 as {name}; rolled back to the previous release veo-test/tiny:v1, healthy again",
     ):
         deploy_container(client, facts["v2"], name, opts, 60, stop.progress, stop.step)
     assert _running(client, name) == ("veo-test/tiny:v1", "healthy")
@@ -109,10 +111,10 @@ def test_an_interrupted_rollback_keeps_the_current_release(device, release) -> N
     client, facts = device
     name, opts = release
     deploy_container(client, facts["v2"], name, opts, 60)
-    stop = _Interrupt("waiting")
+    stop = _Interrupt("waiting", "")  # Ctrl-C: named, not "interrupted ()"
     with pytest.raises(
         DeployInterruptedError,
-        match=rf"interrupted \(SIGTERM\) rolling back {name}; back to veo-test/tiny:v2, healthy again",
+        match=rf"interrupted \(SIGINT, Ctrl-C\) rolling back {name}; back to veo-test/tiny:v2, healthy again",
     ):
         rollback(client, name, 60, stop.progress, stop_timeout=5)
     assert _running(client, name) == ("veo-test/tiny:v2", "healthy")

@@ -80,6 +80,12 @@ def check_name(name: str) -> str:
     return name
 
 
+def signal_name(e: BaseException) -> str:
+    """The signal a KeyboardInterrupt stands for: the CLI raises SIGTERM's and SIGHUP's with their name,
+    Python's own (Ctrl-C) has none."""
+    return str(e) or "SIGINT, Ctrl-C"
+
+
 def _get(client: Any, name: str) -> Any | None:
     from docker.errors import NotFound
 
@@ -137,7 +143,7 @@ def deploy_container(
         _, restored = _restore(client, current, name, new, timeout, progress)
         if isinstance(e, KeyboardInterrupt):
             raise DeployInterruptedError(
-                f"interrupted ({e or 'Ctrl-C'}) while deploying {facts.ref} as {name}; {restored}"
+                f"interrupted ({signal_name(e)}) while deploying {facts.ref} as {name}; {restored}"
             ) from e
         if isinstance(e, APIError):
             raise DeployError(
@@ -307,7 +313,9 @@ def rollback(
     except BaseException as e:
         _, state = _undo_rollback(client, name, previous, current, timeout, progress)
         if isinstance(e, KeyboardInterrupt):
-            raise DeployInterruptedError(f"interrupted ({e or 'Ctrl-C'}) rolling back {name}; {state}") from e
+            raise DeployInterruptedError(
+                f"interrupted ({signal_name(e)}) rolling back {name}; {state}"
+            ) from e
         raise
     if outcome.healthy:
         if current is not None:

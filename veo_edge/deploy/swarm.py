@@ -186,9 +186,9 @@ def deploy_service(
         wait_s = UNDO_WAIT_S if interrupted else max(timeout, UNDO_WAIT_S)
         state, again = undo(client, name, version, wait_s, progress)
         if interrupted or again:  # an interrupt during the undo of a timed-out deploy is one too (130)
-            why = e if interrupted else None
+            why = (str(e) or "SIGINT, Ctrl-C") if interrupted else "Ctrl-C"
             raise DeployInterruptedError(
-                f"interrupted ({why or 'Ctrl-C'}) while deploying {facts.ref} as service {name}"
+                f"interrupted ({why}) while deploying {facts.ref} as service {name}"
                 + ("" if interrupted else f" ({e})")
                 + f"; {state}"
             ) from e
