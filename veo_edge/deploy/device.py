@@ -120,8 +120,8 @@ def deploy_container(
 
     check_name(name)
     opts.check()
-    if not facts.has_healthcheck:
-        raise UsageError(
+    if not facts.has_healthcheck:  # the image is not deployable: exit 44, as docs/deploy.md's table says
+        raise DeployError(
             f"image {facts.ref} has no HEALTHCHECK, so a deploy cannot prove it healthy; build it with "
             "veo-edge build --target ..., which adds one"
         )

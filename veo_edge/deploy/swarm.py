@@ -154,8 +154,8 @@ def deploy_service(
     if not timeout > 0:
         raise UsageError(f"--timeout {timeout:g} must be a number of seconds above 0")
     check_manager(client)
-    if not facts.has_healthcheck:
-        raise UsageError(
+    if not facts.has_healthcheck:  # exit 44 (deploy failed), as on one device
+        raise DeployError(
             f"image {facts.ref} has no HEALTHCHECK, so the swarm cannot gate its rollout on health"
         )
     bound = image or facts.image_id
