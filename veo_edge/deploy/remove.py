@@ -112,7 +112,10 @@ def remove_service(client: Any, name: str, volumes: bool = False, timeout: float
         if not secrets and not (volumes and _volume_exists(client, cache)):
             raise DeployError(f"no service named {name} on that swarm") from None
     deadline = time.monotonic() + timeout
-    while client.containers.list(all=True, filters={"label": f"com.docker.swarm.service.name={name}"}):
+    # sparse: no inspect of each, which would 404 for a task container the swarm removes meanwhile
+    while client.containers.list(
+        all=True, sparse=True, filters={"label": f"com.docker.swarm.service.name={name}"}
+    ):
         if time.monotonic() > deadline:
             raise DeployError(
                 f"service {name} is removed, but its tasks' containers were still there after {timeout:g} s; "

@@ -117,7 +117,8 @@ def drop_stage_images(client: Any, trace: BuildTrace, say: Progress, settle: boo
         while settle and time.monotonic() < deadline:
             ids = {_short(i) for i in ours} | created
             steps = set(trace.running)
-            busy = [c for c in client.containers.list(all=True) if _image_of(c) in ids or c.id[:12] in steps]
+            live = client.containers.list(all=True, sparse=True)  # sparse: no inspect of one that goes
+            busy = [c for c in live if _image_of(c) in ids or c.id[:12] in steps]
             now = set(ours)
             if now != last:
                 last, since = now, time.monotonic()
