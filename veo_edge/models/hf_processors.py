@@ -31,8 +31,8 @@ REPRODUCED = (
     "VideoMAEVideoProcessor",
     "VivitImageProcessor",
 )
-#: the options Preprocess applies (ConvNeXt's crop_pct is rewritten, see :func:`rewrite`)
-APPLIED = {
+#: the processor fields copied into :class:`~veo_edge.preprocess.image.Preprocess`
+FIELDS = (
     "size",
     "resample",
     "do_resize",
@@ -44,8 +44,9 @@ APPLIED = {
     "do_normalize",
     "image_mean",
     "image_std",
-    "crop_pct",
-}
+)
+#: the options Preprocess applies (ConvNeXt's crop_pct is rewritten, see :func:`rewrite`)
+APPLIED = {*FIELDS, "crop_pct"}
 #: options that change nothing for a picture, whatever their value: the output's container, where it is
 #: computed, how a size was written down (already read into ``size``), segmentation maps, and the RGB
 #: conversion (veo-edge always converts to the model's channels, as the processor does for RGB pictures)

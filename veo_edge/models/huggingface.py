@@ -33,20 +33,6 @@ from veo_edge.preprocess.image import Preprocess
 if TYPE_CHECKING:
     from torch import nn
 
-#: the processor fields copied into :class:`Preprocess`
-_FIELDS = (
-    "size",
-    "resample",
-    "do_resize",
-    "do_center_crop",
-    "crop_size",
-    "do_rescale",
-    "rescale_factor",
-    "offset",
-    "do_normalize",
-    "image_mean",
-    "image_std",
-)
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
 
 
@@ -323,7 +309,7 @@ def load_preprocess(path: Path, kind: str, config: Any | None = None) -> Preproc
         options = {k: v for k, v in options.items() if not k.startswith("_")}
         processor = options.get("image_processor_type") or options.get("video_processor_type") or ""
     hf_processors.check(path, processor, options)
-    values = {k: options[k] for k in (*_FIELDS, "crop_pct") if options.get(k) is not None}
+    values = {k: options[k] for k in hf_processors.APPLIED if options.get(k) is not None}
     values = {k: _plain(v) for k, v in values.items()}
     if "size" in values:
         values["size"] = _size(values["size"])
