@@ -18,7 +18,8 @@ import pytest
 STARTUP_TIMEOUT_S = 90.0
 _LISTENING = re.compile(r"serving (.+?) on http://127\.0\.0\.1:(\d+)")
 #: gRPC and the separate metrics port on free ports too (their defaults, 8001 and 8002, may be taken)
-_QUIET_PORTS = ("--grpc-port", "0", "--metrics-port", "0")
+#: the gRPC and metrics ports on free ones, not the defaults 8001/8002 (which another server may hold)
+QUIET_PORTS = ("--grpc-port", "0", "--metrics-port", "0")
 _GRPC = re.compile(r"gRPC on 127\.0\.0\.1:(\d+)")
 _METRICS = re.compile(r"metrics on http://127\.0\.0\.1:(\d+)")
 
@@ -76,7 +77,7 @@ def start_server(
     builds = [str(b) for b in (build if isinstance(build, list) else [build])]
     out = open(log, "w")  # noqa: SIM115 - the child writes to it for its whole life
     proc = subprocess.Popen(
-        [python, "-m", "veo_edge.cli.main", "serve", *builds, "--port", "0", *_QUIET_PORTS, *args],
+        [python, "-m", "veo_edge.cli.main", "serve", *builds, "--port", "0", *QUIET_PORTS, *args],
         stdout=out,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},

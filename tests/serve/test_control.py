@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.serve.conftest import QUIET_PORTS
+
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -134,8 +136,7 @@ def test_a_policy_that_cannot_hold_is_refused_at_start(nano_build, args, env, me
             str(nano_build),
             "--port",
             "0",
-            "--grpc-port",
-            "0",
+            *QUIET_PORTS,
             *args,
         ],
         capture_output=True,

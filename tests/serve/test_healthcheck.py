@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.serve.conftest import QUIET_PORTS
 from tests.support.net import free_port
 from veo_edge.serve.health import EXIT_CODES
 from veo_edge.serve.protocol import decode_infer_response
@@ -157,10 +158,7 @@ def test_server_with_corrupted_golden_refuses_to_start(nano_build, copy_build, t
             str(bad),
             "--port",
             "0",
-            "--metrics-port",
-            "0",
-            "--grpc-port",
-            "0",
+            *QUIET_PORTS,
         ],
         capture_output=True,
         text=True,

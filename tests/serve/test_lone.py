@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.serve.conftest import QUIET_PORTS
 from veo_edge.serve.alone import LoneRequests
 from veo_edge.serve.protocol import encode_infer_request
 
@@ -159,10 +160,7 @@ def test_a_bad_bound_is_refused_in_one_line_by_its_flag(nano_build, tmp_path, fl
             str(nano_build),
             "--port",
             "0",
-            "--grpc-port",
-            "0",
-            "--metrics-port",
-            "0",
+            *QUIET_PORTS,
             flag,
             value,
         ],
