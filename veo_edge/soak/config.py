@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from veo_edge.errors import UsageError
+from veo_edge.soak.units import MiB
 
-MiB = 1 << 20
 #: import name -> distribution of what `veo-edge soak` needs (the `soak` extra)
 REQUIRED = {"hdrh": "hdrhistogram", "psutil": "psutil", "scipy": "scipy", "matplotlib": "matplotlib"}
 

@@ -70,7 +70,7 @@ def parse_size(text: str | float | int, what: str = "size") -> float:
     return value
 
 
-MiB = float(1 << 20)
+MiB = 1 << 20  # the soak's one binary megabyte (thresholds in config, figures here)
 
 
 def format_ms(ms: float | None) -> str:
