@@ -21,17 +21,25 @@ from veo_edge.runtime.batching import ClosedError
 from veo_edge.serve.protocol import ProtocolError
 
 
+def _overloaded(e: Exception) -> ProtocolError:
+    return ProtocolError(f"overloaded: {e}", 503)
+
+
+def _unavailable(e: Exception) -> ProtocolError:
+    return ProtocolError(f"the model cannot take requests now: {e}", 503)
+
+
 def refused(e: VeoEdgeError, rejected: Counter[str]) -> ProtocolError:
     """The answer to a request the runtime would not take (``e`` from submitting it), counted in
     ``rejected`` by Triton's failure reason."""
     if isinstance(e, OverloadedError):
         rejected["REJECTED"] += 1
-        return ProtocolError(f"overloaded: {e}", 503)
+        return _overloaded(e)
     if isinstance(e, InputError):
         rejected["INVALID"] += 1
         return ProtocolError(str(e), 400)
     rejected["UNAVAILABLE"] += 1  # closed runtime, no backend
-    return ProtocolError(f"the model cannot take requests now: {e}", 503)
+    return _unavailable(e)
 
 
 async def answers(futures: list[Any], timeout_s: float, check: Any) -> list[np.ndarray]:
@@ -44,10 +52,10 @@ async def answers(futures: list[Any], timeout_s: float, check: Any) -> list[np.n
     except asyncio.TimeoutError as e:
         raise ProtocolError(f"inference did not finish within {timeout_s} s", 504) from e
     except OverloadedError as e:
-        raise ProtocolError(f"overloaded: {e}", 503) from e
+        raise _overloaded(e) from e
     except (ClosedError, NoBackendError) as e:
         check.backend_failed(str(e))
-        raise ProtocolError(f"the model cannot take requests now: {e}", 503) from e
+        raise _unavailable(e) from e
     except InputError as e:
         raise ProtocolError(str(e), 400) from e
     except VeoEdgeError as e:
