@@ -77,7 +77,7 @@ def test_val_data_the_guard_cannot_use_is_refused_before_the_export(tmp_path, y,
     assert r.returncode == 4, r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and re.search(message, errors[0]), r.stderr
-    assert "Exporting" not in r.stdout and not (tmp_path / "vit-nano").exists()
+    assert "Exporting" not in r.stdout + r.stderr and not (tmp_path / "vit-nano").exists()
 
 
 def test_one_calibration_sample_is_bad_input_as_for_val(tmp_path):
@@ -88,7 +88,19 @@ def test_one_calibration_sample_is_bad_input_as_for_val(tmp_path):
     r = veo("build", "--model", "vit-nano", "--cpu-precision", "int8", "--calibration", "c.npy", cwd=tmp_path)
     assert r.returncode == 4, r.stderr
     assert "--calibration c.npy has 1 sample; the label-free guard needs at least 2" in r.stderr
-    assert not (tmp_path / "vit-nano").exists()
+    assert "Exporting" not in r.stdout + r.stderr and not (tmp_path / "vit-nano").exists()
+
+
+def test_calibration_of_the_wrong_shape_is_refused_before_the_export(tmp_path):
+    """--calibration is read once, when the model loads (as --val is), so its errors cost no export."""
+    import numpy as np
+
+    np.save(tmp_path / "c.npy", np.zeros((4, 3, 16, 16), np.float32))
+    r = veo("build", "--model", "vit-nano", "--cpu-precision", "int8", "--calibration", "c.npy", cwd=tmp_path)
+    assert r.returncode == 4, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--calibration" in errors[0] and "expected (N, 3, 32, 32)" in errors[0], r.stderr
+    assert "Exporting" not in r.stdout + r.stderr and not (tmp_path / "vit-nano").exists()
 
 
 def test_labels_for_a_model_without_a_classifier_are_refused(tmp_path):

@@ -10,7 +10,6 @@ beside the f32 one): a backend is held to the rule of the precision it computes 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -98,16 +97,13 @@ def golden_canary(build: BuildDir, precision: str | None = None) -> Canary:
     return Canary(x, expected, float(tol["atol"]), float(tol["min_cosine"]))
 
 
-def canary_sample(
-    loaded: Any, calibration: Path | None, val: Path | None, seed: int
-) -> tuple[np.ndarray, dict[str, Any]]:
+def canary_sample(loaded: Any, calibration: Any, val: Any, seed: int) -> tuple[np.ndarray, dict[str, Any]]:
     """The canary input ``(1, *input_shape)`` and what the manifest says of it: a real sample where there
     is one, so that a reduced precision's rule (derived from its error on this input) is tight and a
     broken backend cannot pass it. In order: the first sample of a built-in model's test split, of
     ``val``, of ``calibration``; a seeded standard-normal one (stated with its seed) when nothing else
-    exists. ``loaded``: the :class:`~veo_edge.export.source.LoadedModel`."""
-    from veo_edge.export.calibration import load_data
-
+    exists. ``loaded``: the :class:`~veo_edge.export.source.LoadedModel`; ``val``, ``calibration``: the
+    :class:`~veo_edge.export.calibration.Data` read from those flags, or ``None``."""
     shape = tuple(loaded.input_shape)
     data = None
     if str(loaded.source).startswith("builtin:"):
@@ -117,9 +113,8 @@ def canary_sample(
     if data is not None:
         x, where = data.test_split().x[:1], f"{loaded.name} test split, sample 0 ({data.describe_split()})"
     elif val is not None or calibration is not None:
-        flag, path = ("--val", val) if val is not None else ("--calibration", calibration)
-        x = load_data(Path(path), shape, flag, loaded.preprocess).x[:1]
-        where = f"{flag} {path}, sample 0"
+        flag, data = ("--val", val) if val is not None else ("--calibration", calibration)
+        x, where = data.x[:1], f"{flag} {data.source}, sample 0"
     else:
         from veo_edge.export.parity import seeded_inputs
 

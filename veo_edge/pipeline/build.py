@@ -12,7 +12,7 @@ import platform
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from veo_edge.export.source import BuiltinSource, LoadedModel, ModuleSource, Onn
 from veo_edge.pipeline.progress import StageReporter
 from veo_edge.runtime.backends.openvino import SERVED_PRECISIONS
 from veo_edge.staging import BuildOutput
+
+if TYPE_CHECKING:
+    from veo_edge.pipeline.precision import BuildData
 
 Source = BuiltinSource | ModuleSource | OnnxSource | HuggingFaceSource
 
@@ -89,7 +92,7 @@ def versions() -> dict[str, str | None]:
 
 
 def run_build(opts: BuildOptions) -> BuildResult:
-    from veo_edge.pipeline.precision import check_val, precheck
+    from veo_edge.pipeline.precision import load_build_data, precheck
 
     with contextlib.ExitStack() as stack:
         output = None
@@ -99,13 +102,13 @@ def run_build(opts: BuildOptions) -> BuildResult:
         rep = stack.enter_context(StageReporter(quiet=opts.quiet))
         with rep.stage("load", "Loading the model"):
             loaded = opts.source.load()
-            check_val(loaded, opts.val)  # the accuracy guard's data: refused now, not after the export
+            data = load_build_data(loaded, opts)  # refused now, not after the export
         if output is None:
             output = stack.enter_context(BuildOutput(Path.cwd() / loaded.name, opts.force, opts.wait))
         for debris in output.reclaimed:
             rep.note(f"removed {debris}, left by a build of {output.out.name} that was killed")
         with output.staging(need_bytes=estimate_bytes(loaded, opts)) as stage:
-            result = _build_into(stage, loaded, opts, rep)
+            result = _build_into(stage, loaded, opts, rep, data)
         result.path = output.out
         return result
 
@@ -122,7 +125,9 @@ def estimate_bytes(loaded: LoadedModel, opts: BuildOptions) -> int:
     return int(weights * copies * 1.1) + canary + (256 << 10)  # + the XML, reports and manifest
 
 
-def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: StageReporter) -> BuildResult:
+def _build_into(
+    stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: StageReporter, data: BuildData
+) -> BuildResult:
     from veo_edge.runtime.backends.onnxruntime import OnnxRuntimeRunner
     from veo_edge.runtime.backends.openvino import OpenVinoRunner
 
@@ -162,7 +167,7 @@ def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: Stage
                 reference = _OnnxReference(runs.pop("onnxruntime"))
                 parity = check_all(runs, reference, loaded.input_shape, batches, PARITY_SEED, fp16)
         with rep.stage("canary", "Recording the golden canary"):
-            sample = canary_sample(loaded, opts.calibration, opts.val, CANARY_SEED)
+            sample = canary_sample(loaded, data.calibration, data.val, CANARY_SEED)
             canary = _write_canary(stage, sample, reference, runs, parity)
         from veo_edge.pipeline.precision import run_precision_stage
 
@@ -170,7 +175,7 @@ def _build_into(stage: Path, loaded: LoadedModel, opts: BuildOptions, rep: Stage
             np.load(stage / canary["input"]), np.load(stage / canary["expected"]), canary["atol"], MIN_COSINE
         )
         fp32_runs = {"openvino": runs["openvino"], "onnxruntime": lambda x: _only(ort.infer(x))}
-        cpu = run_precision_stage(stage, loaded, xml_path, opts, rep, fp32_runs, golden)
+        cpu = run_precision_stage(stage, loaded, xml_path, opts, rep, fp32_runs, golden, data)
         if cpu.canary is not None:
             canary["precisions"] = {cpu.manifest["served"]["openvino"]: cpu.canary}
         surgery = None

@@ -51,9 +51,9 @@ def _builtin_data(loaded: LoadedModel):
     return builtin_data(loaded.name)
 
 
-def _validation(loaded: LoadedModel, val: Path | None) -> Data | None:
+def _validation(loaded: LoadedModel, val: Data | None) -> Data | None:
     if val is not None:
-        return load_data(val, loaded.input_shape, "--val", loaded.preprocess)
+        return val
     data = _builtin_data(loaded)
     if data is None:
         return None
@@ -85,15 +85,34 @@ def precheck(opts: Any) -> None:
             raise _no_calibration(getattr(source, "name", None) or "this model")
 
 
-def check_val(loaded: LoadedModel, val: Path | None) -> None:
-    """``--val``'s data against the loaded model (its sample count, its labels against the model's
-    classes), right after the model loads: before the export and parity, not after them."""
-    if val is None:
-        return
-    data = load_data(val, loaded.input_shape, "--val", loaded.preprocess)
-    served = loaded.config.get("output") or "logits"
-    classes = _classes(loaded) if data.labelled and served == "logits" else None
-    check_guard_data(data.source, len(data.x), data.y, served, classes)
+@dataclass
+class BuildData:
+    """The build's own data, read once: ``--val`` (checked against the model) and ``--calibration``."""
+
+    val: Data | None = None
+    calibration: Data | None = None
+
+
+def load_build_data(loaded: LoadedModel, opts: Any) -> BuildData:
+    """``--val`` and ``--calibration`` read, right after the model loads: their errors (``--val``'s sample
+    count, its labels against the model's classes) come before the export and parity, not after them,
+    and each folder of images is decoded once for the whole build."""
+    data = BuildData()
+    if opts.val is not None:
+        data.val = load_data(opts.val, loaded.input_shape, "--val", loaded.preprocess)
+        served = loaded.config.get("output") or "logits"
+        classes = _classes(loaded) if data.val.labelled and served == "logits" else None
+        check_guard_data(data.val.source, len(data.val.x), data.val.y, served, classes)
+    if opts.calibration is not None:
+        cal = data.calibration = load_data(
+            opts.calibration, loaded.input_shape, "--calibration", loaded.preprocess
+        )
+        if data.val is None and len(cal.x) < 2:  # the label-free guard holds a fifth of it out
+            raise InputError(
+                f"--calibration {cal.source} has {len(cal.x)} sample; the label-free guard needs at least "
+                "2 (a fifth is held out), or pass --val"
+            )
+    return data
 
 
 def _classes(loaded: LoadedModel) -> int | None:
@@ -115,9 +134,9 @@ def _classes(loaded: LoadedModel) -> int | None:
     return None
 
 
-def _calibration(loaded: LoadedModel, path: Path | None) -> Data:
-    if path is not None:
-        return load_data(path, loaded.input_shape, "--calibration", loaded.preprocess)
+def _calibration(loaded: LoadedModel, calibration: Data | None) -> Data:
+    if calibration is not None:
+        return calibration
     data = _builtin_data(loaded)
     if data is None:
         raise _no_calibration(loaded.name)
@@ -133,6 +152,7 @@ def run_precision_stage(
     rep: StageReporter,
     fp32_runs: dict[str, Any],
     canary: Canary,
+    data: BuildData,
 ) -> PrecisionResult:
     from veo_edge.runtime.backends.openvino import OpenVinoRunner, resolve_precision
 
@@ -143,7 +163,7 @@ def run_precision_stage(
     if note:
         section["note"] = note
         rep.note(note)
-    val = _validation(loaded, opts.val)
+    val = _validation(loaded, data.val)
     batch = opts.max_batch
     if served == "f32":
         if val is not None and val.labelled:
@@ -168,14 +188,9 @@ def run_precision_stage(
             rep.note(f"warning: {speed.reason}")
         from veo_edge.export.quantize import SETTINGS, Int8Quantize
 
-        cal = _calibration(loaded, opts.calibration)
+        cal = _calibration(loaded, data.calibration)
         cal_x = cal.x
         if val is None:  # label-free: hold the last fifth of the calibration set out of the calibration
-            if len(cal.x) < 2:
-                raise InputError(
-                    f"--calibration {cal.source} has {len(cal.x)} sample; the label-free guard needs at least "
-                    "2 (a fifth is held out), or pass --val"
-                )
             n_hold = max(1, len(cal.x) // 5)
             cal_x, held_out = (
                 cal.x[:-n_hold],
