@@ -350,3 +350,25 @@ def test_a_failed_push_leaves_no_stray_tag_on_the_build_host(
     tags = docker_engine.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout
     assert f"127.0.0.1:{port}/" not in tags, tags
     assert state(device_engine, "nopush") is None
+
+
+def test_rollback_to_a_kept_release_whose_image_was_removed_is_a_one_line_error(
+    docker_engine, device_engine, test_images, release_name
+) -> None:
+    """Someone pruned the kept release's image on the device (``docker rmi -f``): the rollback says so
+    and what to do, the running release untouched, instead of an internal error."""
+    name = release_name
+    for image in ("v1", "v2"):
+        r = deploy(docker_engine, device_engine, test_images[image], "--name", name)
+        assert r.returncode == 0, r.stderr
+    kept_id = device_engine.docker("inspect", "-f", "{{.Image}}", f"{name}-previous").stdout.strip()
+    device_engine.docker("rmi", "-f", kept_id)
+    running = device_engine.docker("inspect", "-f", "{{.Id}}", name).stdout
+    r = veo("deploy", "rollback", name, "--to", device_engine.host, "--allow-unsigned")
+    assert r.returncode == 49, r.stderr
+    err = " ".join(r.stderr.split())
+    assert f"the image {kept_id[:19]} of the kept release {name}-previous is gone from" in err, err
+    assert f"nothing was stopped, {name} runs as before" in err, err
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert device_engine.docker("inspect", "-f", "{{.Id}}", name).stdout == running
+    assert state(device_engine, name)["status"] == "running"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from veo_edge.deploy.runopts import LABEL_DEPLOY, LABEL_IMAGE
-from veo_edge.errors import ImageTrustError, UsageError
+from veo_edge.errors import ImageNotFoundError, ImageTrustError, UsageError
 
 #: security options a deploy sets: no-new-privileges (unless relaxed) and an SELinux type
 _NNP = ("no-new-privileges", "no-new-privileges:true")
@@ -127,6 +127,22 @@ def _signed_as(attrs: dict) -> str | None:
     return ref
 
 
+def _image_config(client: Any, image_id: str, kept: str, name: str) -> dict:
+    """The kept release's image config; its image removed from the engine (``docker rmi -f``, a prune):
+    :class:`ImageNotFoundError` with what to do, before anything is touched."""
+    from docker.errors import ImageNotFound
+
+    try:
+        return client.images.get(image_id).attrs.get("Config") or {}
+    except ImageNotFound as e:
+        raise ImageNotFoundError(
+            f"the image {image_id[:19]} of the kept release {kept} is gone from that engine (removed or "
+            f"pruned), so it cannot be checked or started; nothing was stopped, {name} runs as before; "
+            f"deploy the release you want with `veo-edge deploy IMAGE --name {name}`, and remove the kept "
+            f"one with `docker rm {kept}`"
+        ) from e
+
+
 def check_previous(
     client: Any,
     container: Any,
@@ -144,7 +160,7 @@ def check_previous(
     container.reload()
     attrs, image_id = container.attrs, container.attrs.get("Image", "")
     where = f"the kept release {container.name.lstrip('/')} ({image_id[:19]})"
-    image_config = client.images.get(image_id).attrs.get("Config") or {}
+    image_config = _image_config(client, image_id, container.name.lstrip("/"), name)
     problems = option_problems(attrs, image_config, name, least)
     changed = _layer_changes(container, attrs)
     if changed:
