@@ -200,6 +200,24 @@ def test_bad_grpc_ports_and_registries_are_refused_before_any_engine() -> None:
     assert r.returncode == 41, r.stderr
 
 
+@pytest.mark.parametrize("mode", [[], ["--swarm"], ["--k8s", "/nonexistent/out"]])
+def test_env_that_changes_the_code_in_the_signed_image_is_refused_before_any_engine(mode) -> None:
+    """-e LD_PRELOAD (read by the entrypoint's shell before the image checks itself), PYTHONPATH and the
+    like would run other code than the verified files: refused as -e VEO_EDGE_ALLOW_UNSIGNED is."""
+    to = ("--to", "unix:///nonexistent/docker.sock", *mode)
+    for pair in ("LD_PRELOAD=/cache/x.so", "LD_LIBRARY_PATH=/cache", "PYTHONPATH=/cache", "PYTHONSTARTUP=/cache/s.py",
+                 "PYTHONHOME=/cache", "PYTHONUSERBASE=/cache", "VEO_EDGE_PLUGIN_LIB=/cache/p.so"):  # fmt: skip
+        r = veo("deploy", "some/image:1", *to, "-e", "A=1", "-e", pair)
+        assert r.returncode == 2, r.stderr
+        assert f"--env {pair} would change which code runs inside the signed image" in r.stderr, r.stderr
+        assert "or pass --allow-unsigned to deploy an unverified image knowingly" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    # an unverified deploy promises nothing about the code: refused only for the missing engine
+    if not mode or mode == ["--swarm"]:
+        r = veo("deploy", "some/image:1", *to, "--allow-unsigned", "-e", "LD_PRELOAD=/cache/x.so")
+        assert r.returncode == 41, r.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [
@@ -372,3 +390,25 @@ def test_rollback_to_a_kept_release_whose_image_was_removed_is_a_one_line_error(
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert device_engine.docker("inspect", "-f", "{{.Id}}", name).stdout == running
     assert state(device_engine, name)["status"] == "running"
+
+
+def test_a_kept_release_with_code_changing_env_is_refused_as_a_rollback_target(
+    docker_engine, test_images
+) -> None:
+    """What deploy refuses in -e, rollback refuses in the kept container's environment (a release made
+    before the rule, or by hand), unless --allow-unsigned; read from a real container's inspect."""
+    from veo_edge.deploy.release_check import pin_problems
+
+    name = "pins-ld-preload"
+    docker_engine.docker("create", "--name", name, "-e", "LD_PRELOAD=/cache/x.so", "-e",
+                         "VEO_EDGE_TRUSTED_KEY=sha256:abc", test_images["v1"])  # fmt: skip
+    try:
+        attrs = json.loads(docker_engine.docker("inspect", name).stdout)[0]
+    finally:
+        docker_engine.docker("rm", "-f", name, check=False)
+    report = {"verified": True, "signed_by": "sha256:abc"}
+    assert pin_problems(attrs, report, allow_unsigned=False) == [
+        "its environment sets LD_PRELOAD (other code than the signed image's would run; pass "
+        "--allow-unsigned to accept)"
+    ]
+    assert pin_problems(attrs, report, allow_unsigned=True) == []

@@ -187,14 +187,9 @@ def deploy(
     if pacing and not swarm:
         raise UsageError("--update-monitor and --update-delay pace a Swarm service's updates: add --swarm")
     run_env = _env(env)
-    from veo_edge.packaging.manifest import ALLOW_UNSIGNED_ENV
+    from veo_edge.deploy.runopts import check_env
 
-    if ALLOW_UNSIGNED_ENV in run_env and not allow_unsigned:
-        raise UsageError(
-            f"--env {ALLOW_UNSIGNED_ENV}={run_env[ALLOW_UNSIGNED_ENV]} would switch off the container's own "
-            "check of the signature this deploy verifies; leave it out, or pass --allow-unsigned to deploy "
-            "an unverified image knowingly (which sets it)"
-        )
+    check_env(run_env, allow_unsigned)
     given_port, port = port, 8000 if port is None else port
     if grpc_port is not None:
         from veo_edge.deploy.profiles import GRPC_PORT_ENV

@@ -14,7 +14,8 @@ with every reason on one line, before the running release is touched:
   SELinux type; and the relaxable ones (``--user``, ``--cap-add``, ``--allow-privilege-escalation``,
   ``--pids-limit``) as the rollback command's flags say, with deploy's defaults;
 - the container's own pins: ``VEO_EDGE_TRUSTED_KEY`` the verified signer, no ``VEO_EDGE_ALLOW_UNSIGNED``
-  (unless ``--allow-unsigned``);
+  and none of :data:`veo_edge.deploy.runopts.CODE_ENV` (``LD_PRELOAD``, ``PYTHONPATH``, ...) (unless
+  ``--allow-unsigned``);
 - the cache volume it mounts, for planted files (:func:`veo_edge.deploy.ship.check_cache_volume`).
 """
 
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from veo_edge.deploy.runopts import LABEL_DEPLOY, LABEL_IMAGE
+from veo_edge.deploy.runopts import CODE_ENV, LABEL_DEPLOY, LABEL_IMAGE
 from veo_edge.errors import ImageNotFoundError, ImageTrustError, UsageError
 
 #: security options a deploy sets: no-new-privileges (unless relaxed) and an SELinux type
@@ -109,6 +110,10 @@ def pin_problems(attrs: dict, report: dict[str, Any], allow_unsigned: bool) -> l
     if env.get(im.ALLOW_UNSIGNED_ENV) is not None:
         out.append(f"its environment sets {im.ALLOW_UNSIGNED_ENV}={env[im.ALLOW_UNSIGNED_ENV]} (its own "
                    "signature check is off; pass --allow-unsigned to accept)")  # fmt: skip
+    code = sorted(k for k in env if k in CODE_ENV)
+    if code:
+        out.append(f"its environment sets {', '.join(code)} (other code than the signed image's would run; "
+                   "pass --allow-unsigned to accept)")  # fmt: skip
     if report["verified"] and env.get(im.TRUSTED_KEY_ENV) != report["signed_by"]:
         out.append(f"its {im.TRUSTED_KEY_ENV} is {env.get(im.TRUSTED_KEY_ENV) or 'unset'}, not the signer "
                    f"{report['signed_by']}")  # fmt: skip

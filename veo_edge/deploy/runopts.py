@@ -33,6 +33,28 @@ LABEL_DEPLOY = "io.veo-edge.deploy.name"
 LABEL_IMAGE = "io.veo-edge.deploy.image"
 #: the journal: the container a new release replaces (its id), on the new release's container
 LABEL_REPLACES = "io.veo-edge.deploy.replaces"
+#: environment that changes which code runs inside the signed image: the dynamic loader's (read by every
+#: process, the entrypoint's shell first, before the image checks itself), Python's (the image's own python
+#: runs -I and ignores them, but a process started another way reads them) and the libraries veo-edge
+#: loads by path. Refused like VEO_EDGE_ALLOW_UNSIGNED unless the deploy is --allow-unsigned.
+CODE_ENV = frozenset(
+    {
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "LD_AUDIT",
+        "GCONV_PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "PYTHONPLATLIBDIR",
+        "PYTHONPYCACHEPREFIX",
+        "PYTHONBREAKPOINT",
+        "PYTHONEXECUTABLE",
+        "VEO_EDGE_PLUGIN_LIB",
+        "VEO_EDGE_MEMPOOL_LIB",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -69,6 +91,29 @@ class RunOptions:
 
     def volume(self, name: str) -> str:
         return self.cache_volume or f"veo-edge-cache-{name}"
+
+
+def check_env(env: dict[str, str], allow_unsigned: bool) -> None:
+    """Refuse ``-e`` that would undo what a verified deploy guarantees (exit 2, before any engine):
+    ``VEO_EDGE_ALLOW_UNSIGNED`` (the container's own signature check off) and :data:`CODE_ENV` (other code
+    than the signed image's), unless ``allow_unsigned``: an unverified deploy promises neither."""
+    from veo_edge.packaging.manifest import ALLOW_UNSIGNED_ENV
+
+    if allow_unsigned:
+        return
+    if ALLOW_UNSIGNED_ENV in env:
+        raise UsageError(
+            f"--env {ALLOW_UNSIGNED_ENV}={env[ALLOW_UNSIGNED_ENV]} would switch off the container's own "
+            "check of the signature this deploy verifies; leave it out, or pass --allow-unsigned to deploy "
+            "an unverified image knowingly (which sets it)"
+        )
+    code = sorted(k for k in env if k in CODE_ENV)
+    if code:
+        raise UsageError(
+            f"--env {code[0]}={env[code[0]]} would change which code runs inside the signed image (the "
+            f"verified files would not be the ones that run); leave {', '.join(code)} out, or pass "
+            "--allow-unsigned to deploy an unverified image knowingly"
+        )
 
 
 def check_low_ports(user: str, cap_add: tuple[str, ...], port: int, env: dict[str, str]) -> None:
