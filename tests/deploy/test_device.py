@@ -221,6 +221,30 @@ def test_env_that_changes_the_code_in_the_signed_image_is_refused_before_any_eng
 @pytest.mark.parametrize(
     ("args", "said"),
     [
+        (
+            ["-e", "VEO_EDGE_METRICS_PORT=8000"],
+            "=8000 is the release's HTTP port (--port 8000); give a port clear",
+        ),
+        (["-e", "VEO_EDGE_METRICS_PORT=8001"], "=8001 is the release's gRPC port (--grpc-port 8001)"),
+        (["--port", "9000", "-e", "VEO_EDGE_METRICS_PORT=9000"], "HTTP port (--port 9000)"),
+        (["--grpc-port", "9005", "-e", "VEO_EDGE_METRICS_PORT=9005"], "gRPC port (--grpc-port 9005)"),
+        (["-e", "VEO_EDGE_METRICS_PORT=70000"], "VEO_EDGE_METRICS_PORT=70000 is not a TCP port"),
+    ],
+)
+def test_a_device_metrics_port_on_the_http_or_grpc_port_is_refused_before_any_engine(args, said) -> None:
+    r = veo("deploy", "some/image:1", "--to", "unix:///nonexistent/docker.sock", *args)
+    assert r.returncode == 2 and said in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    # clear of them, or off: refused only for the missing engine
+    for ok in ("8002", "-1"):
+        r = veo("deploy", "some/image:1", "--to", "unix:///nonexistent/docker.sock",
+                "-e", f"VEO_EDGE_METRICS_PORT={ok}")  # fmt: skip
+        assert r.returncode == 41, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
         # slot 3's metrics port (8000 + 4) is slot 3's HTTP port, on the default layout
         (
             ["--replicas", "3", "-e", "VEO_EDGE_METRICS_PORT=8000"],

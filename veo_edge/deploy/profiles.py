@@ -24,6 +24,10 @@ DEFAULT_CACHE_DIR = "/cache"  # the VOLUME of veo-edge images (packaging/Dockerf
 DEFAULT_PORT_ENV = "VEO_EDGE_PORT"
 #: the gRPC port of a veo-edge image's server (its entrypoint adds a replica's slot offset)
 GRPC_PORT_ENV = "VEO_EDGE_GRPC_PORT"
+#: the gRPC port the image's entrypoint serves when no deploy sets it
+IMAGE_GRPC_PORT = 8001
+#: the separate Prometheus port the image's entrypoint serves (-1 or unset: off), shifted per slot too
+METRICS_PORT_ENV = "VEO_EDGE_METRICS_PORT"
 #: the node label naming a node's device class (a Swarm placement constraint, a Kubernetes nodeSelector)
 NODE_LABEL = "veo.target"
 

@@ -24,7 +24,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from veo_edge.deploy.profiles import GRPC_PORT_ENV, ImageFacts, gpu_run
+from veo_edge.deploy.profiles import (
+    GRPC_PORT_ENV,
+    IMAGE_GRPC_PORT,
+    METRICS_PORT_ENV,
+    ImageFacts,
+    gpu_run,
+)
 from veo_edge.errors import UsageError
 
 DEFAULT_USER = "10001:10001"
@@ -87,6 +93,7 @@ class RunOptions:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?", self.user):
             raise UsageError(f"--user {self.user!r} is not UID[:GID] or NAME[:GROUP]")
         gpu_request(self.gpus)
+        check_metrics_port(self.port, self.env)
         check_low_ports(self.user, self.cap_add, self.port, self.env)
 
     def volume(self, name: str) -> str:
@@ -113,6 +120,32 @@ def check_env(env: dict[str, str], allow_unsigned: bool) -> None:
             f"--env {code[0]}={env[code[0]]} would change which code runs inside the signed image (the "
             f"verified files would not be the ones that run); leave {', '.join(code)} out, or pass "
             "--allow-unsigned to deploy an unverified image knowingly"
+        )
+
+
+def metrics_port(env: dict[str, str]) -> int | None:
+    """The separate metrics port ``-e VEO_EDGE_METRICS_PORT`` asks for; None when off (unset or -1)."""
+    value = env.get(METRICS_PORT_ENV)
+    if value is None or value.strip() == "-1":
+        return None
+    if not value.strip().isdigit() or not 0 < int(value) < 65536:
+        raise UsageError(f"-e {METRICS_PORT_ENV}={value} is not a TCP port (1..65535, or -1: off)")
+    return int(value)
+
+
+def check_metrics_port(port: int, env: dict[str, str]) -> None:
+    """One device: refuse a metrics port that is the release's HTTP (``port``) or gRPC port (the server
+    could not bind it, and the deploy would only find out by rolling back)."""
+    metrics = metrics_port(env)
+    grpc = env.get(GRPC_PORT_ENV, str(IMAGE_GRPC_PORT)).strip()
+    taken = {port: "--port"}
+    if grpc.isdigit():
+        taken[int(grpc)] = "--grpc-port"
+    if metrics in taken:
+        raise UsageError(
+            f"-e {METRICS_PORT_ENV}={metrics} is the release's {'HTTP' if taken[metrics] == '--port' else 'gRPC'} "
+            f"port ({taken[metrics]} {metrics}); give a port clear of HTTP {port} and gRPC {grpc}, e.g. "
+            f"{max(taken) + 1 if max(taken) < 65535 else 1024}, or -1 (off: /metrics is on the HTTP port too)"
         )
 
 

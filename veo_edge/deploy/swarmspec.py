@@ -28,16 +28,26 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from veo_edge.deploy.profiles import GRPC_PORT_ENV, NODE_LABEL, ImageFacts, gpu_run, memory_bytes
-from veo_edge.deploy.runopts import DEFAULT_PIDS_LIMIT, DEFAULT_USER, check_low_ports, gpu_request
+from veo_edge.deploy.profiles import (
+    GRPC_PORT_ENV,
+    IMAGE_GRPC_PORT,
+    METRICS_PORT_ENV,
+    NODE_LABEL,
+    ImageFacts,
+    gpu_run,
+    memory_bytes,
+)
+from veo_edge.deploy.runopts import (
+    DEFAULT_PIDS_LIMIT,
+    DEFAULT_USER,
+    check_low_ports,
+    gpu_request,
+    metrics_port,
+)
 from veo_edge.deploy.ship import CONTROL_FILE
 from veo_edge.errors import UsageError
 
 SLOT_ENV = "VEO_EDGE_REPLICA_SLOT"
-#: the separate Prometheus port the image's entrypoint serves (-1 or unset: off), shifted per slot too
-METRICS_PORT_ENV = "VEO_EDGE_METRICS_PORT"
-#: the gRPC port the image's entrypoint serves when no deploy sets it
-IMAGE_GRPC_PORT = 8001
 #: the ports each slot takes on a node (HTTP, gRPC): slot s starts at --port + PORT_STRIDE * (s - 1)
 PORT_STRIDE = 2
 #: the /tmp tmpfs, as on one device (:mod:`.runopts`)
@@ -142,8 +152,7 @@ class ServiceOptions:
         value = self.env.get(METRICS_PORT_ENV)
         if value is None or value.strip() == "-1":
             return
-        if not value.strip().isdigit() or not 0 < int(value) < 65536:
-            raise UsageError(f"-e {METRICS_PORT_ENV}={value} is not a TCP port (1..65535, or -1: off)")
+        metrics_port(self.env)  # a TCP port or -1
         slots = range(self.replicas or 1) if self.slotted else range(1)
         grpc = self.env.get(GRPC_PORT_ENV, str(self.port + 1 if self.slotted else IMAGE_GRPC_PORT))
         taken = {self.port + PORT_STRIDE * k: "HTTP" for k in slots}
