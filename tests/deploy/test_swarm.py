@@ -18,6 +18,11 @@ def image_id(engine, ref: str) -> str:
     return engine.docker("image", "inspect", "-f", "{{.Id}}", ref).stdout.strip()
 
 
+def pids_limit(swarm, service: str) -> int | None:
+    spec = json.loads(swarm.docker("service", "inspect", service).stdout)[0]["Spec"]
+    return (spec["TaskTemplate"]["Resources"].get("Limits") or {}).get("Pids")
+
+
 def tasks(swarm, service: str) -> list[dict]:
     out = swarm.docker("service", "ps", service, "--format", "{{json .}}", "--no-trunc").stdout
     return [json.loads(line) for line in out.splitlines()]
@@ -229,6 +234,23 @@ def test_a_redeploy_keeps_the_least_privilege_options_and_the_control_token(
     assert (c["User"], c.get("CapabilityAdd")) == ("10001:10001", None)
     r = veo("deploy", "remove", "lp", "--swarm", "--to", swarm_engine.host, "--volumes", timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_redeploy_keeps_no_pids_limit_as_no_limit(docker_engine, swarm_engine, test_images) -> None:
+    """--pids-limit 0 leaves Pids out of the spec: a re-deploy that does not give it keeps no limit (it
+    read the absent field as deploy's default, 1024)."""
+    pace = ("--update-monitor", "2", "--update-delay", "0", "--port", "18240", "--allow-unsigned")
+    r = swarm_deploy(docker_engine, swarm_engine, test_images["v1"], "--name", "nopids", "--pids-limit", "0",
+                     *pace)  # fmt: skip
+    try:
+        assert r.returncode == 0, r.stderr
+        assert not pids_limit(swarm_engine, "nopids")
+        r = swarm_deploy(docker_engine, swarm_engine, test_images["v2"], "--name", "nopids", *pace)
+        assert r.returncode == 0, r.stderr
+        assert "--pids-limit 0" in json.loads(r.stdout)["kept"]
+        assert not pids_limit(swarm_engine, "nopids")
+    finally:
+        veo("deploy", "remove", "nopids", "--swarm", "--to", swarm_engine.host, "--volumes", timeout=120)
 
 
 def test_a_constraint_no_node_satisfies_is_pending_not_success(

@@ -242,9 +242,10 @@ def _inherit_privilege(opts: ServiceOptions, spec: dict[str, Any], change: dict,
         change["privilege_escalation"] = True
         kept.append("--allow-privilege-escalation")
     limits = (task.get("Resources") or {}).get("Limits") or {}
-    if "pids_limit" in opts.keep and limits.get("Pids", opts.pids_limit) != opts.pids_limit:
-        change["pids_limit"] = int(limits["Pids"])
-        kept.append(f"--pids-limit {change['pids_limit']}")
+    pids = int(limits.get("Pids") or 0)  # none in the spec: the service runs without one (--pids-limit 0)
+    if "pids_limit" in opts.keep and pids != opts.pids_limit:
+        change["pids_limit"] = pids
+        kept.append(f"--pids-limit {pids}")
     wanted = ((task.get("Resources") or {}).get("Reservations") or {}).get("GenericResources") or []
     gpus = [g["DiscreteResourceSpec"]["Value"] for g in wanted if "DiscreteResourceSpec" in g]
     if "gpus" in opts.keep and gpus and str(gpus[0]) != opts.gpus:
