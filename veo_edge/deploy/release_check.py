@@ -25,11 +25,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from veo_edge.deploy.runopts import CODE_ENV, LABEL_DEPLOY, LABEL_IMAGE
+from veo_edge.deploy.runopts import (
+    CODE_ENV,
+    LABEL_DEPLOY,
+    LABEL_IMAGE,
+    NO_NEW_PRIVILEGES,
+    RunOptions,
+    hardening,
+)
 from veo_edge.errors import ImageNotFoundError, ImageTrustError, UsageError
 
-#: security options a deploy sets: no-new-privileges (unless relaxed) and an SELinux type
-_NNP = ("no-new-privileges", "no-new-privileges:true")
+#: no-new-privileges as a deploy sets it (runopts.NO_NEW_PRIVILEGES) and as the engine also accepts it
+_NNP = (NO_NEW_PRIVILEGES, NO_NEW_PRIVILEGES.removesuffix(":true"))
 #: (the cgroup namespace is left out: "host" is Docker's default on cgroup v1 hosts)
 _HOST_NAMESPACES = ("PidMode", "IpcMode", "UTSMode", "UsernsMode")
 
@@ -40,8 +47,10 @@ def _caps(caps) -> set[str]:
 
 def option_problems(attrs: dict, image_config: dict, name: str, least: dict[str, Any]) -> list[str]:
     """What in the kept container's ``attrs`` (``docker inspect``) a deploy of ``name`` with the
-    least-privilege flags ``least`` (user, cap_add, privilege_escalation, pids_limit) would not have set."""
+    least-privilege flags ``least`` (user, cap_add, privilege_escalation, pids_limit) would not have set:
+    the hardening :func:`veo_edge.deploy.runopts.hardening` gives those flags, and what deploy never sets."""
     config, host = attrs.get("Config") or {}, attrs.get("HostConfig") or {}
+    want = hardening(RunOptions(**least))
     out = []
     made_for = (config.get("Labels") or {}).get(LABEL_DEPLOY)
     if made_for != name:
@@ -51,25 +60,26 @@ def option_problems(attrs: dict, image_config: dict, name: str, least: dict[str,
             out.append(f"its {key.lower()} {config.get(key)} is not the image's {image_config.get(key)}")
     if host.get("Privileged"):
         out.append("it is privileged")
-    if "ALL" not in _caps(host.get("CapDrop")):
-        out.append("it keeps Linux capabilities (no cap_drop ALL)")
-    extra = _caps(host.get("CapAdd")) - _caps(least["cap_add"])
+    if not _caps(want["cap_drop"]) <= _caps(host.get("CapDrop")):
+        out.append(f"it keeps Linux capabilities (no cap_drop {' '.join(want['cap_drop'])})")
+    extra = _caps(host.get("CapAdd")) - _caps(want.get("cap_add"))
     if extra:
         out.append(f"it adds capabilities {', '.join(sorted(extra))} (pass --cap-add for each to accept)")
-    if not host.get("ReadonlyRootfs"):
+    if want["read_only"] and not host.get("ReadonlyRootfs"):
         out.append("its root filesystem is writable")
     opts = host.get("SecurityOpt") or []
-    if not least["privilege_escalation"] and not any(o in _NNP for o in opts):
+    if NO_NEW_PRIVILEGES in want["security_opt"] and not any(o in _NNP for o in opts):
         out.append("it lacks no-new-privileges (pass --allow-privilege-escalation to accept)")
     odd = [o for o in opts if o not in _NNP and not o.startswith("label=type:")]
     if odd:
         out.append(f"it has the security options {', '.join(odd)}")
     user = config.get("User") or ""
-    if user != least["user"]:
-        out.append(f"it runs as user {user}, not {least['user']} (pass --user {user} to accept)" if user
-                   else f"it runs as the image's user, not {least['user']}")  # fmt: skip
-    if least["pids_limit"] and (host.get("PidsLimit") or 0) != least["pids_limit"]:
-        out.append(f"its pids limit is {host.get('PidsLimit') or 'none'}, not {least['pids_limit']} "
+    if user != want["user"]:
+        out.append(f"it runs as user {user}, not {want['user']} (pass --user {user} to accept)" if user
+                   else f"it runs as the image's user, not {want['user']}")  # fmt: skip
+    pids = want.get("pids_limit")
+    if pids and (host.get("PidsLimit") or 0) != pids:
+        out.append(f"its pids limit is {host.get('PidsLimit') or 'none'}, not {pids} "
                    f"(pass --pids-limit {host.get('PidsLimit') or 0} to accept)")  # fmt: skip
     binds = [m.get("Source") for m in attrs.get("Mounts") or [] if m.get("Type") != "volume"]
     if binds:

@@ -37,6 +37,8 @@ DEFAULT_USER = "10001:10001"
 DEFAULT_PIDS_LIMIT = 1024
 LABEL_DEPLOY = "io.veo-edge.deploy.name"
 LABEL_IMAGE = "io.veo-edge.deploy.image"
+#: the security option that keeps setuid binaries from gaining anything (unless --allow-privilege-escalation)
+NO_NEW_PRIVILEGES = "no-new-privileges:true"
 #: the journal: the container a new release replaces (its id), on the new release's container
 LABEL_REPLACES = "io.veo-edge.deploy.replaces"
 #: environment that changes which code runs inside the signed image: the dynamic loader's (read by every
@@ -183,35 +185,45 @@ def gpu_request(gpus: str) -> dict[str, Any]:
     raise UsageError(f"--gpus {gpus!r}: give a count (1), 'all', or device indices (0,2)")
 
 
+def hardening(opts: RunOptions) -> dict[str, Any]:
+    """The least-privilege part of a release's ``containers.run`` arguments (module docstring's table):
+    what :func:`container_kwargs` sets, and what ``deploy rollback`` requires of a kept release
+    (:mod:`veo_edge.deploy.release_check`)."""
+    security = [] if opts.privilege_escalation else [NO_NEW_PRIVILEGES]
+    if opts.selinux_type:
+        security.append(f"label=type:{opts.selinux_type}")
+    kw: dict[str, Any] = {
+        "read_only": True,
+        "user": opts.user,
+        "cap_drop": ["ALL"],
+        "security_opt": security,
+    }
+    if opts.cap_add:
+        kw["cap_add"] = list(opts.cap_add)
+    if opts.pids_limit:
+        kw["pids_limit"] = opts.pids_limit
+    return kw
+
+
 def container_kwargs(facts: ImageFacts, name: str, opts: RunOptions, replaces: str = "") -> dict[str, Any]:
     """The Docker SDK ``containers.run`` arguments of a release (by image ID: never a tag)."""
     from docker.types import DeviceRequest
 
     gpu = gpu_run(facts.target)
-    security = [] if opts.privilege_escalation else ["no-new-privileges:true"]
-    if opts.selinux_type:
-        security.append(f"label=type:{opts.selinux_type}")
     kw: dict[str, Any] = {
         "name": name,
         "detach": True,
-        "read_only": True,
+        **hardening(opts),
         "tmpfs": {"/tmp": "rw,nosuid,nodev,size=64m"},
         "restart_policy": {"Name": "unless-stopped"},
         "network_mode": opts.network,
         "environment": {facts.port_env: str(opts.port), **opts.env},
         "labels": {LABEL_DEPLOY: name, LABEL_IMAGE: facts.ref, LABEL_REPLACES: replaces},
         "volumes": {opts.volume(name): {"bind": facts.cache_dir, "mode": "rw"}},
-        "user": opts.user,
-        "cap_drop": ["ALL"],
-        "security_opt": security,
         "stop_signal": "SIGTERM",
     }
     if opts.secret_volume:
         kw["volumes"][opts.secret_volume] = {"bind": "/run/secrets/veo-edge", "mode": "ro"}
-    if opts.cap_add:
-        kw["cap_add"] = list(opts.cap_add)
-    if opts.pids_limit:
-        kw["pids_limit"] = opts.pids_limit
     if gpu.runtime:
         kw["runtime"] = gpu.runtime
     if gpu.device_requests:
