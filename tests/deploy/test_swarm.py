@@ -392,3 +392,36 @@ def test_three_replicas_of_the_real_image_on_one_node_and_a_bad_update_rolls_bac
     inspect = json.loads(swarm_engine.docker("service", "inspect", name).stdout)[0]
     assert inspect["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"] == cpu_image.built.id
     swarm_engine.docker("service", "rm", name, check=False)
+
+
+@pytest.mark.slow
+def test_a_redeploy_does_not_carry_code_changing_environment_into_a_verified_one(
+    cpu_image, swarm_engine
+) -> None:
+    """A re-deploy without -e keeps the service's environment; an LD_PRELOAD in it (set by hand, or by an
+    unverified deploy) would run other code than the image verified now, as -e LD_PRELOAD would: refused
+    with one line (exit 2) before the service changes."""
+    from veo_edge.packaging import signing
+
+    pin = signing.fingerprint(signing.load_private_key(cpu_image.key).public_key())
+    name = "preload"
+    swarm_engine.docker("service", "create", "--detach", "--no-resolve-image", "--replicas", "0", "--name", name,
+                        "--env", "LD_PRELOAD=/tmp/other.so", "--env", "FLEET=blue", cpu_image.built.id)  # fmt: skip
+    try:
+        before = json.loads(swarm_engine.docker("service", "inspect", name).stdout)[0]
+        args = ("deploy", cpu_image.built.tag, "--swarm", "--to", swarm_engine.host, "--name", name,
+                "--verify-key", pin)  # fmt: skip
+        r = veo(*args, "--replicas", "1", env={"DOCKER_HOST": cpu_image.engine.host}, timeout=300)
+        assert r.returncode == 2, r.stderr
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "service preload sets LD_PRELOAD=/tmp/other.so" in errors[0], r.stderr
+        assert "Traceback" not in r.stderr
+        after = json.loads(swarm_engine.docker("service", "inspect", name).stdout)[0]
+        assert after["Version"] == before["Version"] and after["Spec"] == before["Spec"]
+        # without LD_PRELOAD: the 0 replicas it keeps when --replicas is not given are refused by name too
+        swarm_engine.docker("service", "update", "--detach", "--env-rm", "LD_PRELOAD", name)
+        r = veo(*args, env={"DOCKER_HOST": cpu_image.engine.host}, timeout=300)
+        assert r.returncode == 2, r.stderr
+        assert "the running service is scaled to 0 replicas" in r.stderr and "give --replicas N" in r.stderr
+    finally:
+        swarm_engine.docker("service", "rm", name, check=False)

@@ -260,6 +260,7 @@ def deploy(
             cpus=cpus,
             selinux_type=selinux_type,
             keep=frozenset(k for k, v in given.items() if not v),
+            allow_unsigned=allow_unsigned,
             **pacing,
             **least,
         )

@@ -166,6 +166,7 @@ def deploy_service(
     kept: list[str] = []
     if service is not None and opts.keep:
         opts, kept = inherit(opts, service.attrs.get("Spec") or {}, facts.port_env)
+        _check_kept_env(name, opts)
         opts.check()
     spec = service_spec(facts, name, opts, bound)
     action = "created" if service is None else "updated"
@@ -195,6 +196,22 @@ def deploy_service(
         raise UnhealthyReleaseError(f"{e}; {state}") from e
     result.kept = kept
     return result
+
+
+def _check_kept_env(name: str, opts: ServiceOptions) -> None:
+    """A re-deploy without ``-e`` keeps the service's environment: refuse to carry a variable that changes
+    which code runs (:data:`~veo_edge.deploy.runopts.CODE_ENV`, set by an unverified deploy or by hand)
+    into a deploy that is not ``--allow-unsigned``, as ``-e`` giving it is refused."""
+    from veo_edge.deploy.runopts import CODE_ENV
+
+    env = opts.env
+    code = sorted(k for k in env if k in CODE_ENV)
+    if code and not opts.allow_unsigned:
+        raise UsageError(
+            f"service {name} sets {code[0]}={env[code[0]]}, which this re-deploy would keep (no -e given) and "
+            "which changes which code runs inside the signed image; give the service's environment anew "
+            "with -e, or pass --allow-unsigned to deploy an unverified image knowingly"
+        )
 
 
 def _wanted(client: Any, opts: ServiceOptions, target: str) -> int:

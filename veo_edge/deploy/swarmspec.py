@@ -115,6 +115,8 @@ class ServiceOptions:
     #: options (KEEPABLE's names) the command did not give: an update takes them from the running service
     #: (:func:`inherit`) instead of the defaults above; a create uses the defaults
     keep: frozenset[str] = frozenset()
+    #: --allow-unsigned: a kept environment may carry what changes the code that runs (runopts.CODE_ENV)
+    allow_unsigned: bool = False
 
     def check(self) -> None:
         if self.replicas is not None and self.replicas < 1:
@@ -193,6 +195,11 @@ def inherit(opts: ServiceOptions, spec: dict[str, Any], port_env: str) -> tuple[
             change["replicas"], said = None, "--global"
         else:
             change["replicas"] = (mode.get("Replicated") or {}).get("Replicas", opts.replicas)
+            if not change["replicas"]:  # scaled to 0: no task could prove the release healthy
+                raise UsageError(
+                    "the running service is scaled to 0 replicas, which a re-deploy keeps when --replicas "
+                    "is not given, and no task would prove the release healthy; give --replicas N (or --global)"
+                )
             said = f"--replicas {change['replicas']}"
         kept.append(said)
     if "port" in opts.keep and (old.get(port_env) or "").isdigit():
