@@ -122,9 +122,11 @@ def test_injected_oom_mid_run_under_concurrent_load(nano_build: Path, concurrenc
     assert {c.name: c.status for c in st.candidates} == {"onnxruntime": "failed", "openvino": "active"}
 
 
-def test_forced_backend_retries_a_transient_fault_on_itself_and_no_fallback_gives_the_error(
+def test_forced_backend_retries_a_transient_fault_on_itself_with_or_without_fallback(
     nano_build: Path,
 ) -> None:
+    """--no-fallback means no other backend and no switch; a transient fault's batch is still run once
+    more where it failed (it answered the batch's requests with the error, and readiness flapped)."""
     x = seeded(2, (3, 32, 32))
     faults = {"onnxruntime": {"every_nth": 2}}
     with veo_edge.Runtime(nano_build, backend="onnxruntime", faults=faults) as rt:
@@ -134,12 +136,17 @@ def test_forced_backend_retries_a_transient_fault_on_itself_and_no_fallback_give
         assert rt.stats()["faults"] == {"onnxruntime": {"oom": 1}}
         assert rt.stats()["retries"] == {"onnxruntime": {"ok": 1}}
     with veo_edge.Runtime(nano_build, backend="onnxruntime", faults=faults, fallback=False) as rt:
-        rt.infer(x)
-        with pytest.raises(InjectedOutOfMemoryError, match=r"injected fault on call 2 \(every_nth=2\)"):
+        for _ in range(4):  # calls 2, 4 and 6 fail; 3, 5 and 7 answer them
             rt.infer(x)
-        rt.infer(x)  # a transient fault: the backend stays
+        assert rt.state.switches == [] and rt.stats()["requests_failure"] == 0
+        assert rt.stats()["retries"] == {"onnxruntime": {"ok": 3}} and rt.stats()["standby_backend"] is None
+    faults = {"onnxruntime": {"oom_after": 1}}  # every call after the first fails: the retry too
+    with veo_edge.Runtime(nano_build, backend="onnxruntime", faults=faults, fallback=False) as rt:
+        rt.infer(x)
+        with pytest.raises(InjectedOutOfMemoryError, match=r"injected fault on call 2"):
+            rt.infer(x)
         assert rt.state.switches == [] and rt.stats()["requests_failure"] == 2
-        assert rt.stats()["retries"] == {} and rt.stats()["standby_backend"] is None
+        assert rt.stats()["retries"] == {"onnxruntime": {"failed": 1}}
 
 
 def test_when_every_backend_fails_the_batch_gets_the_error_once(nano_build: Path) -> None:

@@ -28,7 +28,8 @@ def serve(
         False,
         "--no-fallback",
         help="Fail at start (exit 8) instead of falling back from the chosen backend (with auto: from the "
-        "policy's first) to a slower one, and never switch backends on a fault.",
+        "policy's first) to a slower one, and never switch backends on a fault (a batch a transient fault "
+        "failed is still run once more on the same backend).",
     ),
     policy: str = typer.Option(
         None,

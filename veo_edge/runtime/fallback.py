@@ -18,6 +18,7 @@ The rules (docs/serving.md, "Faults, retries and fallback"):
 - **Retry.** A batch that fails on a backend is re-run on every candidate after it that can run (the
   standby first; one untried, or due again, is activated and warmed then), once each, and, when the
   failure was transient, once more on the backend it failed on, before any of its requests gets an error.
+  Without fallback (``--no-fallback``) only the last: no other backend, no switch.
 - **Switch.** A lost device (:class:`~veo_edge.errors.DeviceLostError`) switches at once. Out of memory
   and any other backend error are transient: the backend keeps new batches until :data:`SWITCH_AFTER`
   consecutive failed calls (a success resets the count), then traffic moves to the standby. A standby
@@ -48,6 +49,13 @@ SWITCH_AFTER = 3
 _throttled = Throttled(log, logging.WARNING)
 
 
+def _retried(kind: str, after: bool) -> str:
+    """What the log says happens to a failed batch: ``after``, some backend follows the failing one."""
+    if after:
+        return "; it is retried on the backends after it"
+    return "" if kind == "device_lost" else "; it is run once more where it first failed"
+
+
 class Fallback(Candidates):
     """Batches run on the active candidate, retried on the ones after it; switches away from a failing
     one and back to a recovered one (the module docstring). Made as :class:`Candidates` is."""
@@ -63,7 +71,7 @@ class Fallback(Candidates):
                     "no backend is active (all failed or the runtime is closed); see runtime.state"
                 )
             out, error = self._attempt(index, held, feed, output)
-            if error is not None and self.fallback:
+            if error is not None:
                 out = self._retry(index, held, error, feed, output)
         self._settle()
         if out is None:
@@ -93,7 +101,7 @@ class Fallback(Candidates):
     def _retry(
         self, index: int, held: Held, error: BaseException, feed: dict[str, np.ndarray], output: str
     ) -> np.ndarray | None:
-        for j in range(index + 1, len(self.names)):
+        for j in range(index + 1, len(self.names) if self.fallback else 0):
             standby = self._standby(j)
             if standby is None:
                 continue
@@ -116,7 +124,7 @@ class Fallback(Candidates):
             name,
             kind,
             short(str(error)),
-            "; it is retried on the backends after it" if self.fallback else "",
+            _retried(kind, self.fallback and index + 1 < len(self.names)),
         )
         self.tally.fault(name, kind)
         with self._lock:

@@ -12,7 +12,7 @@ Selection: the policy's candidates (default tensorrt -> onnxruntime-cuda -> open
 probed in order (:mod:`veo_edge.runtime.policy`), each skip recorded in ``state.skipped``; the first
 usable one is active, the next a warmed standby. Retries, switches and their counts:
 :mod:`veo_edge.runtime.fallback`; every request is answered exactly once. ``fallback=False``: only the
-first candidate, its failures are errors. Injected faults: ``faults`` or ``$VEO_EDGE_FAULTS``."""
+first candidate; a batch failed by a transient fault is run once more on it, then its failure is an error. Injected faults: ``faults`` or ``$VEO_EDGE_FAULTS``."""
 
 from __future__ import annotations
 
