@@ -165,3 +165,23 @@ def test_bad_policy_is_a_usage_error(nano_build):
         )
     assert r.returncode == 2, r.stderr
     assert "unknown backend 'bogus'" in r.stderr and "metrics" not in r.stderr
+
+
+def test_a_malformed_fault_schedule_is_one_line_with_no_warning_before_it(nano_build):
+    """It was the 'fault injection is on' warning, then the error: two lines where one was promised."""
+    import os
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "veo_edge.cli.main", "serve", str(nano_build), "--port", "0"]
+    r = subprocess.run(
+        [*argv, "--grpc-port", "-1", "--metrics-port", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "VEO_EDGE_FAULTS": "{bad"},
+    )
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        line for line in r.stderr.splitlines() if line.startswith("error: VEO_EDGE_FAULTS is not valid JSON")
+    ], r.stderr

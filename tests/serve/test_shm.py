@@ -5,6 +5,7 @@ default."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -113,6 +114,10 @@ def test_bad_regions_are_400_and_break_nothing(edge_server, regions, protocol) -
     ]:
         e = _error(c.register_system_shared_memory, *args)
         assert _bad(e) and message in e.message(), e.message()
+    if p == "http":  # no key: the offset is optional, and the answer says so
+        path = "/v2/systemsharedmemory/region/nokey/register"
+        status, _, body = edge_server.request("POST", path, json.dumps({"byte_size": 64}).encode())
+        assert status == 400 and "needs a string 'key' (and, if given, an integer 'offset')" in body.decode()
     c.register_system_shared_memory(f"seg-{p}", key, x.nbytes)
     try:
         e = _error(c.register_system_shared_memory, f"seg-{p}", key, x.nbytes)

@@ -184,6 +184,10 @@ def serve(
     # see); the libraries' and the runtime's per-batch ones stay at WARNING
     logging.getLogger("veo_edge.serve").setLevel(logging.INFO)
     if os.environ.get("VEO_EDGE_FAULTS"):  # a drill left in a production environment must not go unnoticed
+        from veo_edge.runtime.faults import parse_faults
+        from veo_edge.runtime.policy import BACKENDS
+
+        parse_faults(None, BACKENDS)  # a malformed one is its one-line error, not a warning and then that
         logging.getLogger("veo_edge.serve").warning(
             "fault injection is on: VEO_EDGE_FAULTS=%s (for tests and drills; unset it to serve)",
             os.environ["VEO_EDGE_FAULTS"],

@@ -325,7 +325,11 @@ class HttpApp:
         if kind == "system":
             key, offset = req.get("key"), req.get("offset", 0)
             if not isinstance(key, str) or not isinstance(offset, int) or isinstance(offset, bool):
-                raise HttpError(400, "the register request needs a string 'key' and an integer 'offset'")
+                raise HttpError(
+                    400,
+                    f"the register request needs a string 'key' (and, if given, an integer 'offset'); got "
+                    f"key {key!r}, offset {offset!r}",
+                )
             self.shm.register_system(name, key, offset, size)
         else:
             device = req.get("device_id", 0)
