@@ -68,5 +68,5 @@ bench-tools: setup
 		"openvino==$$($(PYTHON) -c 'import openvino; print(openvino.__version__.split("-")[0])')"
 	@/sbin/ldconfig -p | grep -q 'libb64\.so\.0d' || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq libb64-0d >/dev/null; } \
 		|| { echo "perf_analyzer needs Debian's libb64-0d: sudo apt-get install libb64-0d"; exit 1; }
-	@echo "perf_analyzer: $(BENCH)/perf-analyzer/bin/perf_analyzer; PyTriton's Python: $(BENCH)/pytriton/bin/python"
+	@echo "perf_analyzer: $(BENCH)/perf-analyzer/bin/perf_analyzer (the bench scripts put its CUDA runtime on the library path; by hand: LD_LIBRARY_PATH=$$(echo $(BENCH)/perf-analyzer/lib/python3*/site-packages/nvidia/cuda_runtime/lib) $(BENCH)/perf-analyzer/bin/perf_analyzer ...); PyTriton's Python: $(BENCH)/pytriton/bin/python"
 	@echo "e.g. $(PYTHON) bench/serve.py limit --perf-analyzer $(BENCH)/perf-analyzer/bin/perf_analyzer --pytriton $(BENCH)/pytriton/bin/python"
