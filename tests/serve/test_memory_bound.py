@@ -77,3 +77,52 @@ def test_parallel_bombs_stay_within_the_bound(edge_server, bombs, parallel) -> N
     assert peak <= bound, f"peak RSS {peak >> 20} MiB above idle, bound {bound >> 20} MiB"
     status, _, _ = edge_server.request("GET", "/v2/health/ready")
     assert status == 200  # and the server goes on
+
+
+def test_grpc_messages_count_against_the_same_bound(edge_server) -> None:
+    """--max-buffered-bytes is across HTTP and gRPC: with two HTTP bodies held part-way (7 MiB each of
+    the 16), a 3 MiB ModelInfer is refused UNAVAILABLE, naming the flag; once they go, the same message
+    is taken (and, its tensor being the wrong size, answered INVALID_ARGUMENT by the parser). gRPC had no
+    bound across calls: 16 parallel 15 MiB messages took the server 376 MiB above idle against 32."""
+    import socket
+    import time
+
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    held = 7 << 20
+    socks = []
+    for _ in range(2):  # chunked bodies, unfinished: their bytes are counted as they land
+        s = socket.create_connection(("127.0.0.1", edge_server.port))
+        s.sendall(b"POST /v2/models/vit-nano/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        s.sendall(f"{held:x}\r\n".encode() + bytes(held) + b"\r\n")
+        socks.append(s)
+    request = service_pb2.ModelInferRequest(model_name="vit-nano")
+    tensor = request.inputs.add(name="input", datatype="FP32", shape=[1, 3, 32, 32])
+    assert tensor.name == "input"
+    request.raw_input_contents.append(bytes(3 << 20))
+
+    def until(stub, done) -> grpc.RpcError:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                stub.ModelInfer(request, timeout=30)
+                error = None
+            except grpc.RpcError as e:
+                error = e
+            if (error is not None and done(error.code())) or time.monotonic() > deadline:
+                assert error is not None, "ModelInfer answered a tensor of the wrong size"
+                return error
+            time.sleep(0.05)
+
+    with grpc.insecure_channel(edge_server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        try:  # until the server has read both bodies' bytes
+            e = until(stub, lambda code: code == grpc.StatusCode.UNAVAILABLE)
+            assert e.code() == grpc.StatusCode.UNAVAILABLE, e.details()
+            assert "--max-buffered-bytes" in e.details() and "request bodies" in e.details(), e.details()
+        finally:
+            for s in socks:
+                s.close()
+        e = until(stub, lambda code: code != grpc.StatusCode.UNAVAILABLE)  # the bodies' bytes given back
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e.details()

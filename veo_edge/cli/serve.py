@@ -39,7 +39,9 @@ def serve(
     ),
     max_request_bytes: int = typer.Option(64 << 20, "--max-request-bytes", help="Largest request body."),
     max_buffered_bytes: int = typer.Option(
-        256 << 20, "--max-buffered-bytes", help="Request-body bytes held across all connections (503 above)."
+        256 << 20,
+        "--max-buffered-bytes",
+        help="Request bytes held across all connections, HTTP bodies and gRPC messages (503 / UNAVAILABLE above).",
     ),
     max_queue: int = typer.Option(256, "--max-queue", help="Samples queued before requests get 503."),
     max_queue_delay_ms: float = typer.Option(2.0, "--max-queue-delay-ms", help="Batching window."),

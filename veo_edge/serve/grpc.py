@@ -27,6 +27,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from veo_edge.errors import UsageError
+from veo_edge.serve.bodies import BodyBudget, HttpError
 from veo_edge.serve.control import AccessPolicy
 from veo_edge.serve.grpc_extensions import AccessInterceptor, ExtensionsServicer, status_code
 from veo_edge.serve.grpc_wire import deserialize_or_refuse
@@ -215,10 +216,14 @@ def encode_infer_response(
 class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServiceServicer):
     """``inference.GRPCInferenceService`` over an inference service (one model or several)."""
 
-    def __init__(self, service: Any, shm: ShmRegistry, access: AccessPolicy) -> None:
+    def __init__(
+        self, service: Any, shm: ShmRegistry, access: AccessPolicy, budget: BodyBudget | None = None
+    ) -> None:
         self.service = service
         self.shm = shm
         self.access = access
+        #: the request bytes held across HTTP and gRPC (``--max-buffered-bytes``); None: not bounded here
+        self.budget = budget
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerLiveResponse(live=True)
@@ -273,9 +278,22 @@ class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServic
         )
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        request, raw = request if isinstance(request, tuple) else (request, None)
+        request, raw, size = request if isinstance(request, tuple) else (request, None, 0)
         if request is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, raw)
+        try:  # the message's bytes count against --max-buffered-bytes until it is answered, as a body's do
+            if self.budget is not None:
+                self.budget.take(size, 0)
+        except HttpError as e:
+            self.service.counters.infer_rejected["REJECTED"] += 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        try:
+            return await self._infer(request, raw, context)
+        finally:
+            if self.budget is not None:
+                self.budget.give(size)
+
+    async def _infer(self, request: Any, raw: Any, context: Any) -> Any:
         version = _version(request.model_version)
         arrival = self.service.expect(request.model_name)  # a batch forming now may wait for it
         lease = None
@@ -309,10 +327,12 @@ class GrpcServer:
         max_message_bytes: int = 64 << 20,
         shm: ShmRegistry | None = None,
         access: AccessPolicy | None = None,
+        budget: BodyBudget | None = None,
     ) -> None:
         self.max_message_bytes = max_message_bytes
         self.shm = shm or ShmRegistry()
         self.access = access or AccessPolicy()
+        self.budget = budget
         self._server: Any = None
 
     async def bind(self, host: str, port: int) -> int:
@@ -340,7 +360,7 @@ class GrpcServer:
 
     async def start(self, service: Any) -> None:
         """Serve ``service`` (one model or several) on the bound port."""
-        handlers = _handlers(InferenceServicer(service, self.shm, self.access))
+        handlers = _handlers(InferenceServicer(service, self.shm, self.access, self.budget))
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         if hasattr(self._server, "add_registered_method_handlers"):  # grpcio >= 1.63: looked up first
             self._server.add_registered_method_handlers(SERVICE, handlers)
@@ -371,7 +391,7 @@ def _handlers(servicer: Any) -> dict[str, Any]:
     handlers = capture.handlers
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
         servicer.ModelInfer,
-        request_deserializer=deserialize_or_refuse,
+        request_deserializer=lambda data: (*deserialize_or_refuse(data), len(data)),
         response_serializer=service_pb2.ModelInferResponse.SerializeToString,
     )
     return handlers

@@ -100,13 +100,14 @@ class HttpApp:
         shm: ShmRegistry | None = None,
         access: AccessPolicy | None = None,
         decoder: ProcessPoolExecutor | None = None,
+        budget: BodyBudget | None = None,
     ) -> None:
         self.service = service
         self.limits = limits
         self.shm = shm or ShmRegistry()
         self.access = access or AccessPolicy()
         self.counters = service.counters
-        self.budget = BodyBudget(limits)
+        self.budget = budget or BodyBudget(limits)  # shared with gRPC's ModelInfer where both serve
         self.in_flight = 0
         self._decoder = decoder
         self._handlers: dict[str, Callable[..., Awaitable[tuple[int, list, bytes]]]] = {

@@ -15,6 +15,7 @@ from typing import Any
 
 from veo_edge.serve.alone import LoneRequests
 from veo_edge.serve.app import InferenceService, ServeOptions
+from veo_edge.serve.bodies import BodyBudget
 from veo_edge.serve.decoder import start_decoder
 from veo_edge.serve.http import HttpApp
 from veo_edge.serve.images import ImageModels
@@ -42,6 +43,7 @@ async def serve_async(
     makers = make_runtime if isinstance(make_runtime, dict) else {}
     decoder = start_decoder()  # before grpc is imported: its fork handlers would complain at the spawn
     shm = ShmRegistry(options.shared_memory)
+    budget = BodyBudget(options.limits)  # --max-buffered-bytes: HTTP bodies and gRPC messages together
     listeners = Listeners()
     grpc_server = None
     try:
@@ -52,14 +54,14 @@ async def serve_async(
         if options.grpc_port is not None:
             from veo_edge.serve.grpc import GrpcServer
 
-            grpc_server = GrpcServer(options.limits.max_body_bytes, shm, options.access)
+            grpc_server = GrpcServer(options.limits.max_body_bytes, shm, options.access, budget)
             try:
                 await listeners.bind_grpc(options, grpc_server)
             except BaseException:
                 for runtime in runtimes.values() if owned else ():
                     runtime.close(drain=False)
                 raise
-        app_args = (options.limits, shm, options.access, decoder)
+        app_args = (options.limits, shm, options.access, decoder, budget)
         return await _serve(runtimes, makers, options, listeners, grpc_server, app_args, on_listening)
     finally:
         decoder.shutdown(wait=False, cancel_futures=True)
