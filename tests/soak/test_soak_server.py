@@ -5,6 +5,7 @@ thresholds and its exit code follows the verdict."""
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,41 @@ def test_soak_against_a_server(nano_build: Path, server, tmp_path: Path, capsys)
     assert _cli("soak", "report", str(run), "--json", "--max-jitter-ms", "1e9", "--leak-floor", "1T") == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["verdict"]["pass"] is True and "windows" not in summary
+
+
+def _counters(url: str) -> dict[tuple[str, ...], int]:
+    """The server's switch, fault and retry counters from its /metrics: (name, backend, kind or outcome)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    names = ("veo_edge_fallback_switches_total", "veo_edge_backend_faults_total", "veo_edge_retries_total")
+    return {
+        (s.name, *(s.labels[k] for k in ("backend", "kind", "outcome") if k in s.labels)): int(s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name in names
+    }
+
+
+def test_soak_counts_from_before_its_load(nano_build: Path, server, tmp_path: Path, capsys):
+    """openvino dies after 20 calls, well inside the first 2 s sample interval: the report's switches,
+    faults and retries are still the server's counter deltas over the run (a scrape before the load,
+    the last after the drain), not what grew after the first sample."""
+    url = server(nano_build, env={"VEO_EDGE_FAULTS": json.dumps({"openvino": {"dead_after": 20}})})
+    before = _counters(url)
+    assert before == {("veo_edge_fallback_switches_total",): 0}  # nothing has failed before the run
+    args = ["--url", url, "--duration", "4s", "-c", "2", "--sample-interval", "2s", "--window", "2s"]
+    report = _complete_soak(tmp_path / "run", "http", capsys, *args, "--max-jitter-ms", "1e6")
+    after = _counters(url)
+    faults = after[("veo_edge_backend_faults_total", "openvino", "oom")]
+    retried = after[("veo_edge_retries_total", "onnxruntime", "ok")]
+    assert after[("veo_edge_fallback_switches_total",)] == 1 and faults >= 1
+    fb = report["fallbacks"]
+    assert fb["switches"] == 1 and fb["backends"] == ["openvino", "onnxruntime"]
+    assert fb["faults"] == {"openvino": {"oom": faults}} and fb["retries"] == {"onnxruntime": {"ok": retried}}
+    assert fb["counted_from"].startswith("a scrape before each segment's load")
+    assert "1 fallback switch(es), now on onnxruntime" in (tmp_path / "run" / "report.md").read_text()
 
 
 def test_soak_over_grpc(nano_build: Path, server, tmp_path: Path, capsys):

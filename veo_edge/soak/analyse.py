@@ -152,6 +152,7 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     scrapes = dict(probes, basis="GET /metrics: recorded before health probes")
     scraped = config.kind == "http" and config.metrics_url is None
     db_pts: list[tuple[float, float]] = []  # the database's size, after the first window
+    baselined: set[int] = set()  # segments with a sample before their load (older runs: none)
     for s in store.rows("samples"):
         n_samples += 1
         for k in (*LEAK_SERIES, "fds", "threads"):
@@ -176,6 +177,8 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
             backends.append(s["active_backend"])
         if s["extra"]:
             extra = json.loads(s["extra"])
+            if extra.get("baseline"):
+                baselined.add(s["segment"])
             if extra.get("live") is not None:
                 _probed(probes, s["t"], bool(extra["live"]))
             elif scraped:
@@ -276,6 +279,7 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
             "recoveries": recoveries,
             "backends": backends,
             **_by_backend(counted_by_seg, in_process),
+            "counted_from": _counted_from(in_process, baselined, segments),
         },
         "chaos": _chaos(config.chaos, injected_by_seg),
         "fragmentation": fragmentation,
@@ -305,6 +309,15 @@ def _by_backend(by_seg: dict[tuple[str, int], list[dict]], in_process: bool) -> 
                     mine = out[key].setdefault(backend, {})
                     mine[label] = mine.get(label, 0) + grew
     return out
+
+
+def _counted_from(in_process: bool, baselined: set[int], segments: list[dict[str, Any]]) -> str:
+    """Where the switches, faults and retries count from (a server's counters run on)."""
+    if in_process:
+        return "zero: each segment's runtime counts from its start"
+    if all(s["id"] in baselined for s in segments):
+        return "a scrape before each segment's load, to the one after its drain"
+    return "each segment's first sample, about one sample interval into its load (recorded before baselines)"
 
 
 def _chaos(schedule: dict[str, Any] | None, by_segment: dict[int, dict[str, int]]) -> dict[str, Any] | None:

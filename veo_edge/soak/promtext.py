@@ -22,7 +22,9 @@ def scrape(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     pool: dict[str, float] = {}
     by_backend: dict[str, dict[str, dict[str, int]]] = {"faults": {}, "retries": {}}
+    counts_faults = False  # the server exports the faults family (veo-edge serve), samples or not
     for family in text_string_to_metric_families(text):
+        counts_faults = counts_faults or family.name in ("veo_edge_backend_faults", _BY_BACKEND[0][1])
         for s in family.samples:
             sums[s.name] = sums.get(s.name, 0.0) + s.value
             if s.name == "veo_edge_active_backend" and s.value == 1:
@@ -48,6 +50,6 @@ def scrape(text: str) -> dict[str, Any]:
                 out[key] = int(sums[n])
     if pool:
         out["pool"] = pool
-    if "veo_edge_backend_faults_total" in sums:  # a server that counts them (veo-edge serve)
+    if counts_faults:  # a server that counts them (veo-edge serve): none yet is zero, not unknown
         out.update(by_backend)
     return out

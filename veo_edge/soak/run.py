@@ -198,9 +198,11 @@ def _loop(store, config, sampler, recorder, driver, clock, stop, progress) -> st
     arrivals still in the client's backlog are not sent, and the ticks go on while the requests in flight
     end (each within its timeout). The run's time line ends when the last one has."""
     offset = clock.offset
+    state = _TickState(store, config, sampler, recorder, clock, progress, offset)
+    state.baseline()  # the counters as they stand before this segment's first request
     seg_start = clock.start()
+    state.next_tick = seg_start + config.sample_s
     driver.start(config.duration_s - offset)
-    state = _TickState(store, config, sampler, recorder, clock, progress, offset, seg_start)
     reason = "complete"
     end = seg_start + (config.duration_s - offset)
     while True:  # issuing
@@ -241,12 +243,12 @@ class _TickState:
     """What the ticks of one segment carry from one to the next: the window grid, the fallback and chaos
     counters, whether the server answered its last probe."""
 
-    def __init__(self, store, config, sampler, recorder, clock, progress, offset, seg_start) -> None:
+    def __init__(self, store, config, sampler, recorder, clock, progress, offset) -> None:
         self.store, self.config, self.sampler, self.recorder = store, config, sampler, recorder
         self.clock, self.progress = clock, progress
         self.window_start = offset
         self.window_due = offset + config.window_s
-        self.next_tick = seg_start + config.sample_s
+        self.next_tick = 0.0  # set when the segment's clock starts
         self.last_fallbacks: int | None = 0 if config.url is None else None  # a server's counter runs on
         self.injected: dict[str, int] = {}  # chaos: faults injected so far, by rule
         self.live_stats: dict[str, Any] = {"ok": 0, "errors": 0}
@@ -263,14 +265,20 @@ class _TickState:
         self.store.commit()
         self.progress.update(t, self.live_stats)
 
+    def baseline(self) -> None:
+        """A sample at the segment's offset, before the load starts: a server's counters (faults, retries,
+        switches) run on, so what the run saw is what grew from here to the sample after the drain."""
+        self._sample(self.clock(), baseline=True)
+        self.store.commit()
+
     def last(self, t: float) -> None:
         _close_window(self.store, self.recorder, self.window_start, t, self.live_stats)
         self._sample(t)
 
-    def _sample(self, t: float) -> None:
+    def _sample(self, t: float, baseline: bool = False) -> None:
         live = _probe(self.store, self.sampler.target, t, self)
         self.last_fallbacks = _tick(
-            self.store, self.sampler, t, self.last_fallbacks, self.live_stats, self.injected, live
+            self.store, self.sampler, t, self.last_fallbacks, self.live_stats, self.injected, live, baseline
         )
 
 
@@ -288,12 +296,14 @@ def _probe(store, target, t: float, state: _TickState) -> bool | None:
     return why is None
 
 
-def _tick(store, sampler, t, last_fallbacks, live_stats, injected, live=None) -> int | None:
+def _tick(store, sampler, t, last_fallbacks, live_stats, injected, live=None, baseline=False) -> int | None:
     row = sampler.sample(t, time.time())
     extra = row.get("extra") or {}
     extra["db_bytes"] = store.logical_bytes()  # the disk rate is fitted on this, not on the file size
     if live is not None:
         extra["live"] = live
+    if baseline:  # taken before the segment's load: the report counts from it
+        extra["baseline"] = True
     row["extra"] = extra
     for rule, n in ((row.get("extra") or {}).get("injected") or {}).items():
         if n > injected.get(rule, 0):
