@@ -302,8 +302,8 @@ class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServic
             try:
                 parsed = parse_infer_request(request, model, raw)
                 lease = self.shm.attach(parsed)  # shared-memory inputs become arrays; 400 for a bad region
-            except ProtocolError:
-                self.service.counters.infer_rejected["INVALID"] += 1
+            except ProtocolError as e:
+                self.service.rejected(request.model_name, "grpc", e.status)
                 raise
             outputs = await self.service.infer(request.model_name, version, parsed, arrival, "grpc")
             labels = self.service.model_labels(request.model_name)

@@ -290,8 +290,8 @@ class HttpApp:
             else:
                 parsed = parse_infer_request(body, hlen, model)
             lease = self.shm.attach(parsed)  # shared-memory inputs become arrays; 400 for a bad region
-        except ProtocolError:
-            self.service.counters.infer_rejected["INVALID"] += 1
+        except ProtocolError as e:
+            self.service.rejected(name, "http", e.status)
             raise
         try:
             outputs = await self.service.infer(name, version, parsed, params.get("arrival"))

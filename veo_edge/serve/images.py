@@ -218,6 +218,15 @@ class ImageModels:
     def _base(self, name: str) -> str:
         return self.companions.get(name, name)
 
+    def rejected(self, name: str, protocol: str, status: int) -> None:
+        """Count a request to model ``name`` refused before inference (unparsable, a bad shared-memory
+        region, an undecodable picture) in the model's own counters (its /metrics, a model set too):
+        ``nv_inference_request_failure{reason="INVALID"}`` and ``veo_edge_infer_requests{protocol,code}``."""
+        base = self._base(name)
+        one = self.inner.service(base) if hasattr(self.inner, "services") else self.inner
+        one.counters.infer_rejected["INVALID"] += 1
+        one.counters.infer_requests[(protocol, status)] += 1
+
     def _inner(self, call: Any, name: str, *args: Any) -> Any:
         """``call(base name, *args)`` on the wrapped service; its 404 for an unknown model also names the
         companions (the wrapped service lists only the models it has)."""
@@ -331,9 +340,8 @@ class ImageModels:
             try:
                 for key in encoded:
                     request.inputs[key] = await self._decode(spec, key, request.inputs[key])
-            except ProtocolError:
-                one = self.inner.service(base) if hasattr(self.inner, "services") else self.inner
-                one.counters.infer_rejected["INVALID"] += 1  # the model's own count (its /metrics)
+            except ProtocolError as e:
+                self.rejected(base, protocol, e.status)
                 raise
             stat = self.decode_ns[base]
             stat[0] += 1

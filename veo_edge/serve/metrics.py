@@ -222,7 +222,7 @@ class ServeCollector:
         yield from _fault_metrics(s, ml, mv)
         requests = CounterMetricFamily(
             "veo_edge_infer_requests",
-            "Inference requests (parsed) by protocol and outcome, as an HTTP status (200: answered)",
+            "Inference requests by protocol and outcome, as an HTTP status (200: answered; 400: refused unparsed)",
             labels=[*ml, "protocol", "code"],
         )
         for (protocol, code), n in sorted(self.http.infer_requests.items()):
