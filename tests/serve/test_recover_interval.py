@@ -8,7 +8,10 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
+
+from veo_edge.serve.protocol import encode_infer_request
 
 # on this CPU host auto serves openvino with onnxruntime as its standby; the standby's warm-up (its first
 # call, after openvino's activation: well past 1 ms on the fault clock) fails once
@@ -42,6 +45,24 @@ def test_a_standby_that_failed_its_warm_up_at_start_is_warmed_again(serve, nano_
     for server in (on, off):
         assert server.request("GET", "/v2/health/ready")[0] == 200
         assert samples(server, "veo_edge_backend_faults_total") == {"onnxruntime": 1.0}
+
+
+def test_a_standby_skipped_again_and_again_is_one_entry(serve, nano_build) -> None:
+    """onnxruntime fails every call: each re-check (on the 0.5 s recovery clock) skips it again, each time with a reason
+    that names its moment. The ready body keeps one entry for it, counted, with the latest reason."""
+    faults = {"onnxruntime": {"after_s": 0}, "openvino": {"every_nth": 7}}
+    server = serve(nano_build, "--recover-interval", "0.5s", env={"VEO_EDGE_FAULTS": json.dumps(faults)})
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    body, hlen = encode_infer_request({"input": x})
+    headers = {"Inference-Header-Content-Length": str(hlen)}
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:  # traffic: openvino's every 7th call fails, no standby takes it
+        server.request("POST", "/v2/models/vit-nano/infer", body, headers)
+    status, ready = server.get_json("/v2/health/ready")
+    assert status == 200, ready
+    skipped = [s for s in ready["fallback"]["skipped"] if s["backend"] == "onnxruntime"]
+    assert len(skipped) == 1 and skipped[0]["times"] >= 2, ready["fallback"]["skipped"]
+    assert "injected fault on call 1 (after_s=0 at " in skipped[0]["reason"]  # the latest one
 
 
 def test_a_bad_recover_interval_is_one_line() -> None:

@@ -153,10 +153,11 @@ class Candidates:
                 self._backoff.failed(name)
             else:
                 self._backoff.clear(name)  # a wrong answer stays wrong: not tried again
-            # a candidate skipped again for the same reason (each re-check): one entry, counted, last
+            # a candidate skipped again (each re-check): one entry per backend, counted, with the latest
+            # reason, and last; reasons name moments and call counts, so they rarely repeat word for word
             entry: dict[str, Any] = {"backend": name, "reason": tried.reason}
             for seen in self._skipped:
-                if seen["backend"] == name and seen["reason"] == tried.reason:
+                if seen["backend"] == name:
                     self._skipped.remove(seen)
                     entry["times"] = seen.get("times", 1) + 1
                     break
