@@ -23,6 +23,8 @@ The rules (docs/serving.md, "Faults, retries and fallback"):
   and any other backend error are transient: the backend keeps new batches until :data:`SWITCH_AFTER`
   consecutive failed calls (a success resets the count), then traffic moves to the standby. A standby
   that fails the same way is dropped and the one after it prepared.
+- **Wrong answer.** The active backend whose golden canary does not match (the server's readiness
+  check runs it) is switched away from at once (:meth:`Fallback.reject`), as a lost device is.
 - **Recovery** (the runtime's clock). After a switch the candidates ahead of the active one are tried
   again, each warmed beside the traffic; one that is refused again waits twice as long before the next
   attempt, up to :data:`~veo_edge.runtime.recovery.BACKOFF_MAX` intervals (a dropped or refused standby
@@ -159,15 +161,31 @@ class Fallback(Candidates):
             if due is not None:
                 index, runner, error = due
                 if self._active == index and self.runner is runner:  # not switched by another batch
-                    self._switch(index, error)
+                    self._switch(index, f"{type(error).__name__}: {error}")
                     prepare = True
         if prepare and not self._closed:
             self._prepare_in_background()
 
-    def _switch(self, index: int, error: BaseException) -> None:
+    def reject(self, name: str, reason: str) -> str | None:
+        """The active backend ``name`` answered the golden canary wrongly (``reason``): move traffic off it
+        now, to its warm standby, else the next candidate that passes its warm-up, counted as a switch
+        away from a failing backend. A wrong answer does not heal by waiting: the recovery clock tries
+        it again only after its backoff, and it must pass its warm-up canary to take traffic back.
+        Returns the backend active after (None: none passed; batches then get :class:`NoBackendError`)."""
+        with self.gate:
+            index = self._active
+            if self._closed or index is None or self.names[index] != name:
+                return self.active_backend  # moved already (another batch, a recovery) or closed
+            self._switch(index, reason)
+            with self._lock:
+                self._backoff.failed(name)
+        if not self._closed:
+            self._prepare_in_background()
+        return self.active_backend
+
+    def _switch(self, index: int, reason: str) -> None:
         """Move traffic off ``index`` (exclusive gate held): to its standby, else the next that warms."""
         failed = self.names[index]
-        reason = f"{type(error).__name__}: {error}"
         held = self._held.pop(index)
         release(held.runner, failed)
         self._active = None

@@ -354,6 +354,10 @@ class Runtime:
             return False
         return self._backends.recover(only_if_none_active)
 
+    def reject(self, backend: str, reason: str) -> str | None:
+        """``backend`` answered the golden canary wrongly: traffic moves off it (:meth:`Fallback.reject`)."""
+        return self._backends.reject(backend, reason)
+
     # -- observation ------------------------------------------------------------------------------
     @property
     def active_backend(self) -> str | None:

@@ -7,7 +7,9 @@ absorbed by a retry is no failure here: readiness stays up. A switch to a standb
 the standby passed the canary at its warm-up (``state.verified``). A request that failed on every
 backend drops it at once; :meth:`ReadinessCheck.recheck_loop` then re-checks at most once per interval
 (recovering earlier backends first) and readiness returns only when the canary matches again: with every
-backend failing for good it stays down.
+backend failing for good it stays down. A canary that runs but does not match takes the backend out of
+traffic (:meth:`ReadinessCheck.run_canary`): the model is ready on the next backend that matches, or on
+none, and then inference is refused (503) rather than answered wrongly.
 """
 
 from __future__ import annotations
@@ -21,9 +23,16 @@ from typing import Any
 
 from veo_edge.errors import VeoEdgeError
 from veo_edge.export.canary import Canary, CanaryResult, compare_canary
+from veo_edge.runtime.state import short
 from veo_edge.serve.health import load_canary
 
 log = logging.getLogger("veo_edge.serve")
+
+
+def _skips(runtime: Any) -> str:
+    """Each skipped backend and why, in one line (what the log says when none passed)."""
+    skipped = runtime.state.to_dict().get("skipped") or []
+    return "; ".join(f"{s['backend']}: {short(s['reason'])}" for s in skipped) or "none"
 
 
 class ReadinessCheck:
@@ -48,9 +57,34 @@ class ReadinessCheck:
         self.backend_failure = None
 
     def run_canary(self, runtime: Any) -> CanaryResult | None:
-        """Run the golden canary through ``runtime`` (blocking); readiness follows its result."""
+        """Run the golden canary through ``runtime`` (blocking); readiness follows its result.
+
+        An active backend that answers it wrongly (a mismatch, not a failure to answer) loses its
+        traffic at once (:meth:`Runtime.reject <veo_edge.runtime.runtime.Runtime.reject>`): the canary
+        then runs on the backend that took over, until one matches or none is left, and then no backend
+        answers (inference gets 503, not an answer known to be wrong)."""
         if runtime is None:
             return None
+        for _ in range(len(runtime.names)):  # each round takes one backend out: the policy bounds it
+            backend = self._run_once(runtime)
+            if self.result is None or self.result.ok:
+                break
+            moved = runtime.reject(backend, f"canary mismatch: {self.error}")
+            if moved is None:
+                log.error(
+                    "not ready: no backend passed the canary (%s: %s; skipped: %s); inference is refused "
+                    "(503) until one does: rebuild the model, or check the backend's artifacts",
+                    backend,
+                    self.error,
+                    _skips(runtime),
+                )
+                break
+            if moved == backend:  # not moved (closed meanwhile): nothing else to run it on
+                break
+        return self.result
+
+    def _run_once(self, runtime: Any) -> str | None:
+        """The canary on the active backend; the result, the error and the backend noted. Returns it."""
         backend = runtime.state.to_dict().get("active_backend")
         try:
             self.canary = self.canary or load_canary(self.build)
@@ -63,13 +97,19 @@ class ReadinessCheck:
         self.backend = backend
         if self.error:
             if self.error != self._last_reason:
-                log.error("canary failed on %s: %s", backend, self.error)
+                mismatch = self.result is not None and len(runtime.names) > 1
+                log.error(
+                    "not ready: canary failed on %s: %s%s",
+                    backend,
+                    self.error,
+                    "; traffic moves off it to a backend that passes the canary" if mismatch else "",
+                )
             self._last_reason = self.error
         else:
             if self.backend_failure or self._last_reason:
-                log.info("canary matched on %s again: ready", backend)
+                log.info("canary matched on %s: ready", backend)
             self.backend_failure = self._last_reason = None
-        return self.result
+        return backend
 
     def _canary_of(self, runtime: Any) -> Canary:
         """The canary with the rule of the precision the active backend computes at (an int8 build that

@@ -116,13 +116,17 @@ async def _serve(runtimes, makers, options, listeners, grpc_server, app_args, on
             # an explicitly chosen backend that did not start is fallback a person asked not to need: said
             # at WARNING, where alerting looks (--no-fallback makes it an error instead)
             fell_back = asked != "auto" and active is not None and active != asked
+            # traffic moved at start (the first backend failed its canary): said where alerting looks too
+            switched = "; ".join(f"{s['from']}: {s['reason']}" for s in ready["fallback"]["switches"])
+            level = logging.WARNING if fell_back or switched else logging.INFO
             log.log(
-                logging.WARNING if fell_back else logging.INFO,
-                "model %r: backend %s%s, ready: %s%s",
+                logging.ERROR if "reason" in ready else level,
+                "model %r: backend %s%s, %s%s%s",
                 name,
                 active,
                 f" (fell back from --backend {asked}; --no-fallback refuses to)" if fell_back else "",
-                ready.get("reason", "yes"),
+                f"not ready: {ready['reason']}" if "reason" in ready else "ready: yes",
+                f" (switched away from {switched})" if switched else "",
                 f" (skipped {skipped})" if skipped else "",
             )
         log.info("veo-edge serving %s on http://%s:%d", ", ".join(map(repr, services)), options.host, port)
