@@ -122,7 +122,8 @@ def test_the_canary_endpoint_answers_json_or_the_binary_form(nano_server, nano_b
     assert head["content-type"] == "application/octet-stream"
     hlen = int(head["inference-header-content-length"])
     arrays = decode_infer_response(blob, hlen)
-    assert json.loads(blob[:hlen])["parameters"] == {"atol": doc["atol"], "min_cosine": doc["min_cosine"]}
+    rule = {k: doc[k] for k in ("atol", "min_cosine", "backend", "precision")}
+    assert json.loads(blob[:hlen])["parameters"] == rule and doc["precision"] == "f32"
     for name in ("input", "expected"):
         assert arrays[name].dtype == np.float32 and list(arrays[name].shape) == doc[name]["shape"]
         np.testing.assert_array_equal(arrays[name].ravel(), np.asarray(doc[name]["data"], dtype=np.float32))
@@ -174,11 +175,12 @@ def test_wrong_model(video_nano_build, nano_build, nano_server, serve):
     r = _healthcheck("--url", _url(nano_server), "--model-name", "vit-tiny")
     assert r.returncode == EXIT_CODES["not ready"], r.stderr
     assert "unknown model 'vit-tiny'" in r.stderr
-    # a different model served under the expected name: the golden canary does not even fit it
+    # a different model served under the expected name: it is not the build given, whose golden canary
+    # does not even fit it (before the server named its build, the inference said so: HTTP 400)
     server = serve(video_nano_build, "--model-name", "vit-nano")
     r = _healthcheck("--url", _url(server), "--build-dir", str(nano_build))
     assert r.returncode == EXIT_CODES["canary mismatch"], r.stderr
-    assert "canary inference failed (HTTP 400)" in r.stderr
+    assert f"--build-dir {nano_build} is not the build the server at {_url(server)} serves" in r.stderr
 
 
 def test_server_down():

@@ -16,7 +16,8 @@ def healthcheck(
     build_dir: Path = typer.Option(
         None,
         "--build-dir",
-        help="Golden canary source. Alone (without --url): local mode, no server, runs the canary in-process.",
+        help="Golden canary source; with --url, the build the server serves (another is refused). Alone "
+        "(without --url): local mode, no server, runs the canary in-process.",
     ),
     timeout: float = typer.Option(10.0, "--timeout", help="Seconds for the whole check; it never hangs."),
     model_name: str = typer.Option(None, "--model-name", help="Model to check (default: the served one)."),
@@ -33,7 +34,7 @@ def healthcheck(
 
     Exit codes: 0 healthy; 20 server down (nothing answers, not live); 21 not ready (no backend,
     failed start canary, unknown model); 22 canary mismatch (inference failed, output off the golden
-    one, golden file unreadable); 23 timeout; 24 unauthorized (the server wants its token: --token-file);
+    one, golden file unreadable, --build-dir not the served build); 23 timeout; 24 unauthorized (the server wants its token: --token-file);
     30 the build (--build-dir) was modified after it was built (an artifact's sha256 differs from its
     manifest); 2 usage. The reason is printed on one line.
     """

@@ -30,7 +30,7 @@ from veo_edge.export.canary import CanaryResult
 from veo_edge.serve import extensions, outcomes
 from veo_edge.serve.alone import LoneRequests
 from veo_edge.serve.control import AccessPolicy
-from veo_edge.serve.health import encode_canary, load_canary
+from veo_edge.serve.health import build_identity, encode_canary
 from veo_edge.serve.metrics import HttpCounters, ServeCollector, make_registry
 from veo_edge.serve.protocol import InferRequest, ModelSpec, ProtocolError, load_labels
 from veo_edge.serve.readiness import ReadinessCheck
@@ -92,7 +92,8 @@ class InferenceService:
         self.unloaded = False
         self.infer_answered = 0
         self.started = time.time()
-        self._canary_bodies: dict[bool, tuple[bytes, int | None]] = {}
+        self._canary_bodies: dict[tuple, tuple[bytes, int | None]] = {}  # (binary, backend, precision)
+        self.identity = build_identity(self.build)  # its manifest's sha256: named in the model metadata
         self._monitor: asyncio.Task | None = None
         self._repo_lock: asyncio.Lock | None = None
 
@@ -216,7 +217,12 @@ class InferenceService:
         return {"name": "veo-edge", "version": __version__, "extensions": extensions.EXTENSIONS}
 
     def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
-        return extensions.model_metadata(self.model_spec(name, version), self._precision())
+        about = {"backend": self._backend() or "none", "manifest_sha256": self.identity}
+        return extensions.model_metadata(self.model_spec(name, version), self._precision(), about)
+
+    def _backend(self) -> str | None:
+        runtime = self.runtime
+        return runtime.state.to_dict().get("active_backend") if runtime is not None else None
 
     def _precision(self) -> str:
         """The precision the active backend computes at (the build's choice on the CPU), or "none"."""
@@ -245,15 +251,21 @@ class InferenceService:
         self, name: str, version: str | None = None, binary: bool = False
     ) -> tuple[bytes, int | None]:
         """The golden canary (for ``veo-edge healthcheck`` without a build directory) as JSON, or with
-        ``binary`` in its binary form and the length of its header; cached."""
+        ``binary`` in its binary form and the length of its header; cached. Its rule is that of the
+        precision the active backend serves (an int8 build on ONNX Runtime: f32), both named in the body;
+        with none active, the build's own (backend and precision null)."""
         self.model_spec(name, version)
-        if binary not in self._canary_bodies:
+        backend = self._backend()
+        precision = self._precision() if backend else None
+        key = (binary, backend, precision)
+        if key not in self._canary_bodies:
             try:
-                canary = self.check.canary or load_canary(self.build)
+                canary = self.check.canary_of(precision)
             except VeoEdgeError as e:
                 raise ProtocolError(str(e), 404) from e
-            self._canary_bodies[binary] = encode_canary(canary, binary)
-        return self._canary_bodies[binary]
+            about = {"backend": backend, "precision": precision}
+            self._canary_bodies[key] = encode_canary(canary, binary, about)
+        return self._canary_bodies[key]
 
     # -- statistics -----------------------------------------------------------------------------
     def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:

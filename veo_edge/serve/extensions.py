@@ -13,14 +13,16 @@ from veo_edge.serve.protocol import CONFIG_TYPES, ModelSpec
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository", "statistics"]
 
 
-def model_metadata(m: ModelSpec, precision: str) -> dict[str, Any]:
+def model_metadata(m: ModelSpec, precision: str, about: dict[str, Any] | None = None) -> dict[str, Any]:
+    """KServe's model metadata; ``parameters``: the precision served and ``about`` (the active backend,
+    the build's manifest sha256: what ``veo-edge healthcheck --build-dir`` compares its build with)."""
     return {
         "name": m.name,
         "versions": [m.version],
         "platform": "veo-edge",
         "inputs": [t.to_metadata() for t in m.inputs],
         "outputs": [t.to_metadata() for t in m.outputs],
-        "parameters": {"precision": precision},
+        "parameters": {"precision": precision, **(about or {})},
     }
 
 

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from veo_edge.builddir import BuildDir
+from veo_edge.builddir import MANIFEST_NAME, BuildDir, sha256_file
 from veo_edge.errors import ArtifactMismatchError, BuildDirError, UsageError, VeoEdgeError
 from veo_edge.export.canary import Canary, compare_canary, golden_canary
 from veo_edge.serve.protocol.client import decode_infer_response, encode_infer_request
@@ -58,6 +58,10 @@ class CanaryMismatchError(HealthError):
     exit_code = 22
 
 
+class WrongBuildError(CanaryMismatchError):
+    """The golden canary given (``--build-dir``) is not from the build the server serves."""
+
+
 class HealthTimeoutError(HealthError):
     """The check did not finish within its timeout."""
 
@@ -92,6 +96,30 @@ def load_canary(build: BuildDir, precision: str | None = None) -> Canary:
         raise
     except BuildDirError as e:
         raise CanaryMismatchError(str(e)) from e
+
+
+def build_identity(build: BuildDir) -> str:
+    """The sha256 of ``build``'s manifest: what tells two builds apart (of one model at two precisions
+    too); the server names it in its model metadata (``parameters.manifest_sha256``)."""
+    return sha256_file(build.path / MANIFEST_NAME)
+
+
+def _same_build(build: BuildDir, params: dict[str, Any], url: str) -> None:
+    """Refuse a ``--build-dir`` that is not the build the server serves: its canary rule is not the
+    served one (an int8 build's loose rule passed a server of an f32 build)."""
+    served, mine = params.get("manifest_sha256"), build_identity(build)
+    if served and served != mine:  # a server that does not name its build (Triton, older) is not checked
+        raise WrongBuildError(
+            f"--build-dir {build.path} is not the build the server at {url} serves (manifest sha256 "
+            f"{mine[:12]}..., the server's {served[:12]}...): its golden canary and rule are not the served "
+            "model's; give the server's own build directory, or leave --build-dir out to use the server's canary"
+        )
+
+
+def _served_precision(params: dict[str, Any]) -> str | None:
+    """The precision the server says its active backend computes at (None: it does not say)."""
+    precision = params.get("precision")
+    return str(precision) if precision and precision != "none" else None
 
 
 # -- the probe ---------------------------------------------------------------------------------------
@@ -231,26 +259,28 @@ def check_server(
         if status != 200:
             raise NotReadyError(f"model {name!r} is not ready at {url} (HTTP {status}): {_error_of(body)}")
 
-        def inputs_of(model: str, why: str) -> list[dict[str, Any]]:
-            status, _, meta = client.request("GET", f"/v2/models/{model}")
-            inputs = (_kserve_json(url, f"/v2/models/{model}", meta) or {}).get("inputs")
-            if status != 200 or not inputs:
+        def metadata_of(model: str, why: str) -> dict[str, Any]:
+            status, _, body = client.request("GET", f"/v2/models/{model}")
+            meta = _kserve_json(url, f"/v2/models/{model}", body) or {}
+            if status != 200 or not meta.get("inputs"):
                 raise NotReadyError(f"{why} (HTTP {status})")
-            return inputs
+            return meta
 
         asked = name
-        inputs = inputs_of(name, f"the server at {url} gave no inputs for model {name!r}")
-        if inputs[0].get("datatype") == "BYTES" and name.endswith(PICTURES_SUFFIX):
+        meta = metadata_of(name, f"the server at {url} gave no inputs for model {name!r}")
+        if meta["inputs"][0].get("datatype") == "BYTES" and name.endswith(PICTURES_SUFFIX):
             # a <model>_image companion takes encoded pictures, the canary is a tensor: it runs through
             # <model>, the same runtime (only the picture decoding is not exercised)
             name = name[: -len(PICTURES_SUFFIX)]
-            inputs = inputs_of(
+            meta = metadata_of(
                 name,
                 f"model {asked!r} takes encoded pictures and the server has no model {name!r} to run the "
                 "canary tensor on",
             )
-        if build is not None:
-            canary = load_canary(build)
+        inputs, params = meta["inputs"], meta.get("parameters") or {}
+        if build is not None:  # the rule of the precision the server serves (f32 after a fallback)
+            _same_build(build, params, url)
+            canary = load_canary(build, _served_precision(params))
         else:
             status, headers, body = client.request(
                 "GET", f"/v2/models/{name}/canary", headers={"Accept": BINARY}
@@ -279,6 +309,7 @@ def check_server(
         if not result.ok:
             raise CanaryMismatchError(f"{result.reason} (model {name!r} at {url})")
         report = {"healthy": True, "url": url, "model": name, "canary": result.to_dict()}
+        report |= {k: params[k] for k in ("backend", "precision") if k in params}
         if asked != name:
             report |= {
                 "asked": asked,
@@ -289,33 +320,37 @@ def check_server(
     return _with_deadline(run, timeout, f"the healthcheck of {url}")
 
 
-def canary_to_json(canary: Canary) -> dict[str, Any]:
+def canary_to_json(canary: Canary, about: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "input": {"shape": list(canary.input.shape), "data": canary.input.ravel().tolist()},
         "expected": {"shape": list(canary.expected.shape), "data": canary.expected.ravel().tolist()},
         "atol": canary.atol,
         "min_cosine": canary.min_cosine,
+        **(about or {}),
     }
 
 
-def encode_canary(canary: Canary, binary: bool = False) -> tuple[bytes, int | None]:
-    """The body of ``/v2/models/{name}/canary``: JSON, or the binary form and the length of its header."""
+def encode_canary(
+    canary: Canary, binary: bool = False, about: dict[str, Any] | None = None
+) -> tuple[bytes, int | None]:
+    """The body of ``/v2/models/{name}/canary``: JSON, or the binary form and the length of its header;
+    ``about``: what the rule is for (the backend and the precision it serves), said beside it."""
     if binary:
-        return canary_to_binary(canary)
-    return json.dumps(canary_to_json(canary), separators=(",", ":")).encode(), None
+        return canary_to_binary(canary, about)
+    return json.dumps(canary_to_json(canary, about), separators=(",", ":")).encode(), None
 
 
-def canary_to_binary(canary: Canary) -> tuple[bytes, int]:
+def canary_to_binary(canary: Canary, about: dict[str, Any] | None = None) -> tuple[bytes, int]:
     """The canary's body in its binary form (and the length of its JSON header): the two tensors as raw
     little-endian float32 after a header laid out as an inference response of the binary tensor extension
-    (``outputs`` ``input`` and ``expected``), the rule in its ``parameters``."""
+    (``outputs`` ``input`` and ``expected``), the rule (and ``about``) in its ``parameters``."""
     tensors = {"input": canary.input, "expected": canary.expected}
     blobs = [np.ascontiguousarray(a, dtype="<f4").tobytes() for a in tensors.values()]
     outputs = [
         {"name": n, "datatype": "FP32", "shape": list(a.shape), "parameters": {"binary_data_size": len(b)}}
         for (n, a), b in zip(tensors.items(), blobs, strict=True)
     ]
-    rule = {"atol": canary.atol, "min_cosine": canary.min_cosine}
+    rule = {"atol": canary.atol, "min_cosine": canary.min_cosine, **(about or {})}
     head = json.dumps({"outputs": outputs, "parameters": rule}, separators=(",", ":")).encode()
     return head + b"".join(blobs), len(head)
 

@@ -114,7 +114,13 @@ class ReadinessCheck:
     def _canary_of(self, runtime: Any) -> Canary:
         """The canary with the rule of the precision the active backend computes at (an int8 build that
         fell back to ONNX Runtime is held to the f32 rule)."""
-        precision = str(runtime.describe().get("precision") or "f32")
+        return self.canary_of(str(runtime.describe().get("precision") or "f32"))
+
+    def canary_of(self, precision: str | None) -> Canary:
+        """The canary with the rule of ``precision`` (None: the build's own, what it serves on OpenVINO)."""
+        if precision is None:
+            self.canary = self.canary or load_canary(self.build)
+            return self.canary
         if precision not in self._canaries:
             self._canaries[precision] = load_canary(self.build, precision)
         return self._canaries[precision]
