@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -90,6 +91,13 @@ def test_no_backend_passing_the_canary_refuses_inference_and_stays_not_ready(
     assert server.get_json("/v2/health/ready")[0] == 503  # re-checked meanwhile: still nothing passes
     _, _, metrics = server.request("GET", "/metrics")
     assert 'veo_edge_ready{model="vit-digits",version="1"} 0.0' in metrics.decode()
+    # re-checked for a while (each readiness call wakes the re-checker): the backend that answered
+    # wrongly waits out its backoff (the recovery interval, 30 s) rather than being loaded every second
+    for _ in range(20):
+        status, ready = server.get_json("/v2/health/ready")
+        assert status == 503, ready
+        time.sleep(0.25)
+    assert [s for s in ready["fallback"]["skipped"] if s["backend"] == "openvino"] == [], ready
     log = server.log.read_text()
     assert " ERROR model 'vit-digits': backend None, not ready: " in log
     assert " ERROR not ready: no backend passed the canary (openvino: canary max abs error" in log

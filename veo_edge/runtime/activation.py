@@ -32,6 +32,7 @@ class Tried:
     reason: str | None = None
     result: Any = None  # the warm-up canary's result, when one ran and passed
     may_heal: bool = False  # refused after its probe passed: activation or the warm-up batch raised
+    wrong: bool = False  # refused for a wrong answer: its warm-up canary did not match
 
 
 def try_candidate(
@@ -65,5 +66,5 @@ def try_candidate(
         return Tried(None, f"warm-up failed: {type(error).__name__}: {error}", may_heal=True)
     if not result.ok:  # a wrong answer (a broken engine or IR) stays wrong: not tried again
         release(runner, name)
-        return Tried(None, f"warm-up canary failed: {result.reason}")
+        return Tried(None, f"warm-up canary failed: {result.reason}", wrong=True)
     return Tried(runner, result=result)

@@ -68,6 +68,7 @@ class Candidates:
         #: when a candidate refused for a fault that may heal (or a recovery refused) is tried again
         self.retry_after_s = retry_after_s
         self._backoff = Backoff(retry_after_s)
+        self._wrong: set[str] = set()  # last refused or rejected for a wrong answer (their canary)
         self._skipped: deque[dict[str, Any]] = deque(maxlen=HISTORY)  # bounded: recovery may probe for days
         self._switches: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._verified: dict[str, Any] = {}
@@ -144,6 +145,10 @@ class Candidates:
         check = self._check if warm else None
         tried = try_candidate(name, probe=self._probe, make=self._make, check=check, tally=self.tally)
         with self._lock:
+            if tried.wrong:
+                self._wrong.add(name)
+            else:
+                self._wrong.discard(name)
             if tried.runner is not None:
                 self._backoff.clear(name)
                 if tried.result is not None:
@@ -165,6 +170,14 @@ class Candidates:
             self._status[name] = CandidateStatus(name, "skipped", tried.reason)
         log.info("backend %s skipped: %s", name, tried.reason)
         return None
+
+    def _resting(self, name: str, throttled: bool) -> bool:
+        """Not to be tried by a recovery now: waiting out its backoff on the recovery clock
+        (``throttled``), or, whoever asks, after a wrong answer, which trying sooner does not make right:
+        until its backoff is over (none kept: never; a standby refused at its warm-up, or no clock)."""
+        if name in self._wrong:
+            return not self._backoff.due(name)
+        return throttled and self._backoff.waiting(name)
 
     def _untried(self, name: str) -> bool:
         """Never tried, or refused or dropped for a fault that may have healed, and due to be tried again."""

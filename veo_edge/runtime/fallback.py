@@ -169,8 +169,8 @@ class Fallback(Candidates):
     def reject(self, name: str, reason: str) -> str | None:
         """The active backend ``name`` answered the golden canary wrongly (``reason``): move traffic off it
         now, to its warm standby, else the next candidate that passes its warm-up, counted as a switch
-        away from a failing backend. A wrong answer does not heal by waiting: the recovery clock tries
-        it again only after its backoff, and it must pass its warm-up canary to take traffic back.
+        away from a failing backend. It is tried again only after its backoff (also with none active;
+        never without a recovery clock), and takes traffic back only by passing its warm-up canary.
         Returns the backend active after (None: none passed; batches then get :class:`NoBackendError`)."""
         with self.gate:
             index = self._active
@@ -179,6 +179,7 @@ class Fallback(Candidates):
             self._switch(index, reason)
             with self._lock:
                 self._backoff.failed(name)
+                self._wrong.add(name)
         if not self._closed:
             self._prepare_in_background()
         return self.active_backend
@@ -215,9 +216,7 @@ class Fallback(Candidates):
             throttled = backoff and self._active is not None
             for i in range(len(self.names) if self._active is None else self._active):
                 name = self.names[i]
-                if self._status[name].status != "disabled" and not (
-                    throttled and self._backoff.waiting(name)
-                ):
+                if self._status[name].status != "disabled" and not self._resting(name, throttled):
                     runner = self._try(i, warm=True, retry_any=True)
                     if runner is not None:
                         found = (i, runner)
