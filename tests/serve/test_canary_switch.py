@@ -98,6 +98,9 @@ def test_no_backend_passing_the_canary_refuses_inference_and_stays_not_ready(
         assert status == 503, ready
         time.sleep(0.25)
     assert [s for s in ready["fallback"]["skipped"] if s["backend"] == "openvino"] == [], ready
+    # the reason names what failed and where, not a canary "failed" on no backend at all
+    assert "canary failed on openvino: canary max abs error" in ready["reason"], ready
+    assert "on None" not in ready["reason"], ready
     log = server.log.read_text()
     assert " ERROR model 'vit-digits': backend None, not ready: " in log
     assert " ERROR not ready: no backend passed the canary (openvino: canary max abs error" in log

@@ -67,7 +67,7 @@ class ReadinessCheck:
             return None
         for _ in range(len(runtime.names)):  # each round takes one backend out: the policy bounds it
             backend = self._run_once(runtime)
-            if self.result is None or self.result.ok:
+            if backend is None or self.result is None or self.result.ok:
                 break
             moved = runtime.reject(backend, f"canary mismatch: {self.error}")
             if moved is None:
@@ -84,8 +84,11 @@ class ReadinessCheck:
         return self.result
 
     def _run_once(self, runtime: Any) -> str | None:
-        """The canary on the active backend; the result, the error and the backend noted. Returns it."""
+        """The canary on the active backend; the result, the error and the backend noted. Returns it.
+        With none active there is nothing to run it on: the last result stands (what failed, on which)."""
         backend = runtime.state.to_dict().get("active_backend")
+        if backend is None:
+            return None
         try:
             self.canary = self.canary or load_canary(self.build)
             canary = self._canary_of(runtime)
