@@ -29,8 +29,9 @@ from veo_edge.errors import VeoEdgeError
 from veo_edge.export.canary import CanaryResult
 from veo_edge.serve import extensions, outcomes
 from veo_edge.serve.alone import LoneRequests
+from veo_edge.serve.canary_wire import encode_canary
 from veo_edge.serve.control import AccessPolicy
-from veo_edge.serve.health import build_identity, encode_canary
+from veo_edge.serve.health import build_identity
 from veo_edge.serve.metrics import HttpCounters, ServeCollector, make_registry
 from veo_edge.serve.protocol import InferRequest, ModelSpec, ProtocolError, load_labels
 from veo_edge.serve.readiness import ReadinessCheck

@@ -23,15 +23,11 @@ import numpy as np
 from veo_edge.builddir import MANIFEST_NAME, BuildDir, sha256_file
 from veo_edge.errors import ArtifactMismatchError, BuildDirError, UsageError, VeoEdgeError
 from veo_edge.export.canary import Canary, compare_canary, golden_canary
+from veo_edge.serve.canary_wire import BINARY, canary_from_binary, canary_from_json
 from veo_edge.serve.protocol.client import decode_infer_response, encode_infer_request
 
 #: the suffix of a model's companion that takes encoded pictures (``veo_edge.serve.images``)
 PICTURES_SUFFIX = "_image"
-
-#: the media type the probe asks ``/v2/models/{name}/canary`` for: the tensors' bytes after a JSON header
-#: (:func:`canary_to_binary`). As JSON text a 224x224 canary is ~3 MB whose parse took 0.1 s of each
-#: probe's CPU here; the binary form is 0.6 MB and no parse. Without it the endpoint answers JSON.
-BINARY = "application/octet-stream"
 
 
 class HealthError(VeoEdgeError):
@@ -277,11 +273,12 @@ def check_server(
                 f"model {asked!r} takes encoded pictures and the server has no model {name!r} to run the "
                 "canary tensor on",
             )
-        inputs, params = meta["inputs"], meta.get("parameters") or {}
-        if build is not None:  # the rule of the precision the server serves (f32 after a fallback)
-            _same_build(build, params, url)
-            canary = load_canary(build, _served_precision(params))
-        else:
+
+        def rule(params: dict[str, Any]) -> Canary:
+            """The golden canary by the rule of the precision the server serves (f32 after a fallback)."""
+            if build is not None:
+                _same_build(build, params, url)
+                return load_canary(build, _served_precision(params))
             status, headers, body = client.request(
                 "GET", f"/v2/models/{name}/canary", headers={"Accept": BINARY}
             )
@@ -289,23 +286,36 @@ def check_server(
                 raise CanaryMismatchError(f"the server has no canary for {name!r}: {_error_of(body)}")
             hlen = headers.get("inference-header-content-length")
             # a server before the binary form ignores the Accept header and answers JSON
-            canary = (
-                _canary_from_binary(body, hlen)
+            return (
+                canary_from_binary(body, hlen)
                 if hlen is not None
-                else _canary_from_json(_kserve_json(url, f"/v2/models/{name}/canary", body))
+                else canary_from_json(_kserve_json(url, f"/v2/models/{name}/canary", body))
             )
 
-        body, hlen = encode_infer_request({inputs[0]["name"]: canary.input.astype(np.float32)})
-        status, headers, resp = client.request(
-            "POST",
-            f"/v2/models/{name}/infer",
-            body,
-            {"Inference-Header-Content-Length": str(hlen), "Content-Type": "application/octet-stream"},
-        )
-        if status != 200:
-            raise CanaryMismatchError(f"canary inference failed (HTTP {status}): {_error_of(resp)}")
-        out = next(iter(decode_infer_response(resp, headers.get("inference-header-content-length")).values()))
-        result = compare_canary(out, canary)
+        def infer(canary: Canary) -> np.ndarray:
+            body, hlen = encode_infer_request({meta["inputs"][0]["name"]: canary.input.astype(np.float32)})
+            status, headers, resp = client.request(
+                "POST",
+                f"/v2/models/{name}/infer",
+                body,
+                {"Inference-Header-Content-Length": str(hlen), "Content-Type": "application/octet-stream"},
+            )
+            if status != 200:
+                raise CanaryMismatchError(f"canary inference failed (HTTP {status}): {_error_of(resp)}")
+            return next(
+                iter(decode_infer_response(resp, headers.get("inference-header-content-length")).values())
+            )
+
+        params = meta.get("parameters") or {}
+        canary = rule(params)
+        result = compare_canary(infer(canary), canary)
+        if not result.ok:  # the backend may have switched between the rule and the answer: once more
+            now = metadata_of(name, f"the server at {url} gave no inputs for model {name!r}")
+            served = {k: (now.get("parameters") or {}).get(k) for k in ("backend", "precision")}
+            if served != {k: params.get(k) for k in ("backend", "precision")}:
+                params = now.get("parameters") or {}
+                canary = rule(params)
+                result = compare_canary(infer(canary), canary)
         if not result.ok:
             raise CanaryMismatchError(f"{result.reason} (model {name!r} at {url})")
         report = {"healthy": True, "url": url, "model": name, "canary": result.to_dict()}
@@ -318,54 +328,6 @@ def check_server(
         return report
 
     return _with_deadline(run, timeout, f"the healthcheck of {url}")
-
-
-def canary_to_json(canary: Canary, about: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "input": {"shape": list(canary.input.shape), "data": canary.input.ravel().tolist()},
-        "expected": {"shape": list(canary.expected.shape), "data": canary.expected.ravel().tolist()},
-        "atol": canary.atol,
-        "min_cosine": canary.min_cosine,
-        **(about or {}),
-    }
-
-
-def encode_canary(
-    canary: Canary, binary: bool = False, about: dict[str, Any] | None = None
-) -> tuple[bytes, int | None]:
-    """The body of ``/v2/models/{name}/canary``: JSON, or the binary form and the length of its header;
-    ``about``: what the rule is for (the backend and the precision it serves), said beside it."""
-    if binary:
-        return canary_to_binary(canary, about)
-    return json.dumps(canary_to_json(canary, about), separators=(",", ":")).encode(), None
-
-
-def canary_to_binary(canary: Canary, about: dict[str, Any] | None = None) -> tuple[bytes, int]:
-    """The canary's body in its binary form (and the length of its JSON header): the two tensors as raw
-    little-endian float32 after a header laid out as an inference response of the binary tensor extension
-    (``outputs`` ``input`` and ``expected``), the rule (and ``about``) in its ``parameters``."""
-    tensors = {"input": canary.input, "expected": canary.expected}
-    blobs = [np.ascontiguousarray(a, dtype="<f4").tobytes() for a in tensors.values()]
-    outputs = [
-        {"name": n, "datatype": "FP32", "shape": list(a.shape), "parameters": {"binary_data_size": len(b)}}
-        for (n, a), b in zip(tensors.items(), blobs, strict=True)
-    ]
-    rule = {"atol": canary.atol, "min_cosine": canary.min_cosine, **(about or {})}
-    head = json.dumps({"outputs": outputs, "parameters": rule}, separators=(",", ":")).encode()
-    return head + b"".join(blobs), len(head)
-
-
-def _canary_from_binary(body: bytes, header_length: str) -> Canary:
-    arrays = decode_infer_response(body, header_length)
-    rule = json.loads(body[: int(header_length)])["parameters"]
-    return Canary(arrays["input"], arrays["expected"], float(rule["atol"]), float(rule["min_cosine"]))
-
-
-def _canary_from_json(obj: dict[str, Any]) -> Canary:
-    def arr(t: dict[str, Any]) -> np.ndarray:
-        return np.asarray(t["data"], dtype=np.float32).reshape(t["shape"])
-
-    return Canary(arr(obj["input"]), arr(obj["expected"]), float(obj["atol"]), float(obj["min_cosine"]))
 
 
 def check_local(build_dir: str, timeout: float = 60.0, backend: str = "auto") -> dict[str, Any]:

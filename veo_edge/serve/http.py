@@ -21,9 +21,9 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from veo_edge.serve.bodies import BodyBudget, Disconnected, HttpError, read_body
+from veo_edge.serve.canary_wire import BINARY
 from veo_edge.serve.control import CONTROL_ROUTES, HTTP_GROUPS, AccessPolicy
 from veo_edge.serve.decoder import start_decoder
-from veo_edge.serve.health import BINARY
 from veo_edge.serve.metrics import render
 from veo_edge.serve.protocol import ProtocolError, encode_infer_response, parse_infer_request
 from veo_edge.serve.shm import ShmRegistry
