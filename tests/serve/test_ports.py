@@ -73,7 +73,7 @@ def test_binds_that_fail_after_others_release_them_on_the_loop(tmp_path: Path) -
     script.write_text(
         "import asyncio, socket, types\n"
         "from veo_edge.errors import UsageError\n"
-        "from veo_edge.serve.grpc import GrpcServer\n"
+        "from veo_edge.serve.grpc_server import GrpcServer\n"
         "from veo_edge.serve.listen import Listeners\n"
         "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); taken = s.getsockname()[1]\n"
         "f = socket.socket(); f.bind(('127.0.0.1', 0)); free = f.getsockname()[1]; f.close()\n"

@@ -26,11 +26,9 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from veo_edge.errors import UsageError
 from veo_edge.serve.bodies import BodyBudget, HttpError
 from veo_edge.serve.control import AccessPolicy
-from veo_edge.serve.grpc_extensions import AccessInterceptor, ExtensionsServicer, status_code
-from veo_edge.serve.grpc_wire import deserialize_or_refuse
+from veo_edge.serve.grpc_extensions import ExtensionsServicer, status_code
 from veo_edge.serve.protocol import (
     DATATYPES,
     InferRequest,
@@ -316,82 +314,3 @@ class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServic
                 arrival.done()
             if lease is not None:
                 lease.release()
-
-
-class GrpcServer:
-    """The gRPC front end's lifetime: bind (a taken port is a UsageError; :meth:`stop` releases it),
-    start serving a service, stop (finishing RPCs in flight within a grace)."""
-
-    def __init__(
-        self,
-        max_message_bytes: int = 64 << 20,
-        shm: ShmRegistry | None = None,
-        access: AccessPolicy | None = None,
-        budget: BodyBudget | None = None,
-    ) -> None:
-        self.max_message_bytes = max_message_bytes
-        self.shm = shm or ShmRegistry()
-        self.access = access or AccessPolicy()
-        self.budget = budget
-        self._server: Any = None
-
-    async def bind(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0: a free port); returns the bound port. Call on the serving loop."""
-        server = grpc.aio.server(
-            interceptors=[AccessInterceptor(self.access)] if self.access.restricted else None,
-            options=[
-                ("grpc.max_receive_message_length", self.max_message_bytes),
-                ("grpc.max_send_message_length", self.max_message_bytes),
-                ("grpc.so_reuseport", 0),
-            ],
-        )
-        self._server = server  # stop() releases it either way, on this loop (not grpcio's finaliser)
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        try:
-            bound = server.add_insecure_port(address)
-        except RuntimeError as e:
-            bound, reason = 0, str(e)
-        else:
-            reason = "the port is taken or the address is not this machine's"
-        if not bound:
-            raise UsageError(f"cannot listen for gRPC on {address} ({reason}); choose another --grpc-port")
-        self.port = bound
-        return bound
-
-    async def start(self, service: Any) -> None:
-        """Serve ``service`` (one model or several) on the bound port."""
-        handlers = _handlers(InferenceServicer(service, self.shm, self.access, self.budget))
-        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-        if hasattr(self._server, "add_registered_method_handlers"):  # grpcio >= 1.63: looked up first
-            self._server.add_registered_method_handlers(SERVICE, handlers)
-        await self._server.start()
-
-    async def stop(self, grace_s: float | None) -> None:
-        if self._server is not None:
-            server, self._server = self._server, None
-            await server.stop(grace_s)
-
-
-def _handlers(servicer: Any) -> dict[str, Any]:
-    """The generated stubs' method handlers, with ModelInfer reading its tensors in place
-    (:mod:`veo_edge.serve.grpc_wire`)."""
-
-    class Capture:  # what the generated registration hands a server
-        def __init__(self) -> None:
-            self.handlers: dict[str, Any] = {}
-
-        def add_generic_rpc_handlers(self, generic: Any) -> None:
-            pass
-
-        def add_registered_method_handlers(self, name: str, handlers: dict[str, Any]) -> None:
-            self.handlers = dict(handlers)
-
-    capture = Capture()
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, capture)
-    handlers = capture.handlers
-    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        servicer.ModelInfer,
-        request_deserializer=lambda data: (*deserialize_or_refuse(data), len(data)),
-        response_serializer=service_pb2.ModelInferResponse.SerializeToString,
-    )
-    return handlers

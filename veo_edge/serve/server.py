@@ -52,7 +52,7 @@ async def serve_async(
         if runtimes is None:
             runtimes = await _make_runtimes(makers)
         if options.grpc_port is not None:
-            from veo_edge.serve.grpc import GrpcServer
+            from veo_edge.serve.grpc_server import GrpcServer
 
             grpc_server = GrpcServer(options.limits.max_body_bytes, shm, options.access, budget)
             try:
