@@ -44,14 +44,14 @@ def server(tmp_path: Path):
     URL once ready; every server is stopped by PID (SIGTERM) at teardown. Only the protocol is used."""
     procs: list[subprocess.Popen] = []
 
-    def _start(build: Path, env: dict | None = None, grpc: bool = False) -> str:
+    def _start(build: Path, env: dict | None = None, grpc: bool = False, args: tuple[str, ...] = ()) -> str:
         """The server's http:// URL, or its grpc:// URL with ``grpc=True`` (``_start.http``: the same
         server's http:// URL, whose /metrics a gRPC soak may read)."""
         port, grpc_port = free_port(), free_port()
         log = open(tmp_path / f"serve-{len(procs)}.log", "w")  # noqa: SIM115 - the child's log
         ports = ["--port", str(port), "--grpc-port", str(grpc_port), "--metrics-port", "-1"]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "veo_edge.cli.main", "serve", str(build), *ports],
+            [sys.executable, "-m", "veo_edge.cli.main", "serve", str(build), *ports, *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},

@@ -87,7 +87,8 @@ def _counters(url: str) -> dict[tuple[str, ...], int]:
 
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
         text = r.read().decode()
-    names = ("veo_edge_fallback_switches_total", "veo_edge_backend_faults_total", "veo_edge_retries_total")
+    names = ("veo_edge_fallback_switches_total", "veo_edge_backend_faults_total", "veo_edge_retries_total",
+             "veo_edge_fallback_recoveries_total")  # fmt: skip
     return {
         (s.name, *(s.labels[k] for k in ("backend", "kind", "outcome") if k in s.labels)): int(s.value)
         for family in text_string_to_metric_families(text)
@@ -102,7 +103,7 @@ def test_soak_counts_from_before_its_load(nano_build: Path, server, tmp_path: Pa
     the last after the drain), not what grew after the first sample."""
     url = server(nano_build, env={"VEO_EDGE_FAULTS": json.dumps({"openvino": {"dead_after": 20}})})
     before = _counters(url)
-    assert before == {("veo_edge_fallback_switches_total",): 0}  # nothing has failed before the run
+    assert before == {("veo_edge_fallback_switches_total",): 0, ("veo_edge_fallback_recoveries_total",): 0}
     args = ["--url", url, "--duration", "4s", "-c", "2", "--sample-interval", "2s", "--window", "2s"]
     report = _complete_soak(tmp_path / "run", "http", capsys, *args, "--max-jitter-ms", "1e6")
     after = _counters(url)
@@ -114,6 +115,23 @@ def test_soak_counts_from_before_its_load(nano_build: Path, server, tmp_path: Pa
     assert fb["faults"] == {"openvino": {"oom": faults}} and fb["retries"] == {"onnxruntime": {"ok": retried}}
     assert fb["counted_from"].startswith("a scrape before each segment's load")
     assert "1 fallback switch(es), now on onnxruntime" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_soak_reports_the_servers_recoveries(nano_build: Path, server, tmp_path: Path, capsys):
+    """openvino fails calls 21-32 of each runner and heals: traffic moves to onnxruntime and, on the
+    recovery clock, back. The report's recoveries are the server's counter delta over the run (a server's
+    recoveries were not on /metrics, so a soak against a URL always reported 0)."""
+    faults = json.dumps({"openvino": {"oom_after": 20, "recover_after": 32}})
+    url = server(nano_build, env={"VEO_EDGE_FAULTS": faults}, args=("--recover-interval", "0.5s"))
+    before = _counters(url)
+    args = ["--url", url, "--duration", "4s", "-c", "2", "--sample-interval", "1s", "--window", "2s"]
+    report = _complete_soak(tmp_path / "run", "http", capsys, *args, "--max-jitter-ms", "1e6")
+    after = _counters(url)
+    recovered = (
+        after[("veo_edge_fallback_recoveries_total",)] - before[("veo_edge_fallback_recoveries_total",)]
+    )
+    # the recovery clock runs on after the soak's last scrape: one more may come before this one
+    assert 1 <= report["fallbacks"]["recoveries"] <= recovered, (report["fallbacks"], recovered)
 
 
 def test_soak_over_grpc(nano_build: Path, server, tmp_path: Path, capsys):

@@ -73,6 +73,7 @@ class Candidates:
         self._switches: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._verified: dict[str, Any] = {}
         self.fallback_count = 0  # failures switched away from, counted beyond the history's length
+        self.recovery_count = 0  # moves back to a recovered candidate, likewise
         self.tally = Tally()  # faults and retries
         self._due: tuple[int, Runner, BaseException] | None = None  # a switch the next settle makes
         self._retired: list[Runner] = []  # dropped standbys, released under the exclusive gate
@@ -127,6 +128,7 @@ class Candidates:
             return {
                 **self.tally.snapshot(),
                 "fallback_switches": self.fallback_count,
+                "fallback_recoveries": self.recovery_count,
                 "standby_backend": self.standby_backend,
             }
 
@@ -240,3 +242,4 @@ class Candidates:
         with self._lock:
             self._switches.append({"from": frm, "to": to, "reason": reason, "at": time.time()})
             self.fallback_count += failure
+            self.recovery_count += reason == "recovered"

@@ -267,7 +267,8 @@ class ServeCollector:
 
 
 def _fault_metrics(s: dict[str, Any], ml: list[str], mv: list[str]):
-    """Faults by backend and kind, retries by the backend they ran on and outcome, switches, standby."""
+    """Faults by backend and kind, retries by the backend they ran on and outcome, switches and recoveries,
+    standby."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     faults = CounterMetricFamily(
@@ -293,6 +294,11 @@ def _fault_metrics(s: dict[str, Any], ml: list[str], mv: list[str]):
     )
     switches.add_metric(mv, s.get("fallback_switches", 0))
     yield switches
+    recoveries = CounterMetricFamily(
+        "veo_edge_fallback_recoveries", "Moves of traffic back to a backend usable again", labels=ml
+    )
+    recoveries.add_metric(mv, s.get("fallback_recoveries", 0))
+    yield recoveries
     standby = GaugeMetricFamily(
         "veo_edge_standby_backend",
         "1 for the warm standby that takes retries and switches",

@@ -142,7 +142,7 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     frag_ts, frag_vals, entropy_vals, batches = [], [], [], {}
     fallbacks_by_seg: dict[int, list[int]] = {}
     backends: list[str] = []
-    recoveries = 0
+    recoveries_by_seg: dict[int, list[int]] = {}  # as fallbacks: the server's counter runs on
     injected_by_seg: dict[int, dict[str, int]] = {}  # chaos: per segment, the runtime's counters
     counted_by_seg: dict[tuple[str, int], list[dict]] = {}  # faults / retries by backend
     first_last: dict[str, list[Any]] = {}
@@ -185,7 +185,9 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
                 _probed(scrapes, s["t"], "scrape_error" not in extra)
             if extra.get("db_bytes") is not None and s["t"] >= config.window_s:
                 db_pts.append((s["t"], float(extra["db_bytes"])))
-            recoveries = max(recoveries, extra.get("recoveries", 0) or 0)
+            if extra.get("recoveries") is not None:
+                rc = recoveries_by_seg.setdefault(s["segment"], [int(extra["recoveries"])] * 2)
+                rc[1] = max(rc[1], int(extra["recoveries"]))
             seg_injected = injected_by_seg.setdefault(s["segment"], {})
             for rule, n in (extra.get("injected") or {}).items():
                 seg_injected[rule] = max(seg_injected.get(rule, 0), int(n))
@@ -206,6 +208,7 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     batch_fits = [f for f in (theil_sen(*v) for v in batches.values()) if f is not None]
     in_process = config.url is None
     fallbacks = sum(v[1] - (0 if in_process else v[0]) for v in fallbacks_by_seg.values())
+    recoveries = sum(v[1] - (0 if in_process else v[0]) for v in recoveries_by_seg.values())
     fragmentation = None
     if frag_vals:
         tail = frag_vals[-max(1, len(frag_vals) // 10) :]

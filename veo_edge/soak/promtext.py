@@ -39,6 +39,7 @@ def scrape(text: str) -> dict[str, Any]:
         "rss": "process_resident_memory_bytes",
         "fds": "process_open_fds",
         "fallbacks": "veo_edge_fallback_switches_total",
+        "recoveries": "veo_edge_fallback_recoveries_total",
         "batches": "nv_inference_exec_count",
         "gpu_used": "nv_gpu_memory_used_bytes",
         "server_failures": "nv_inference_request_failure",

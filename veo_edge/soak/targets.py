@@ -107,7 +107,7 @@ class InProcessTarget:
         state = rt.state
         return {
             "fallbacks": stats["fallback_switches"],
-            "recoveries": sum(1 for s in state.switches if s.get("reason") == "recovered"),
+            "recoveries": stats.get("fallback_recoveries", 0),
             "batches": stats["batches"],
             "active_backend": stats["active_backend"],
             "pool": stats.get("memory_pool"),
