@@ -26,7 +26,7 @@ from veo_edge.manifest_schema import SCHEMA_MINOR, SCHEMA_VERSION, validate
 
 MANIFEST_NAME = "manifest.json"
 #: artifacts a loader reads together with the one it names (OpenVINO reads the .bin beside the .xml)
-COMPANIONS = {"openvino_xml": ("openvino_bin",)}
+COMPANIONS = {"openvino_xml": ("openvino_bin",), "openvino_int8_xml": ("openvino_int8_bin",)}
 #: verification shows a progress bar (on a terminal) from this many bytes on
 PROGRESS_MIN_BYTES = 256 << 20
 _CHUNK = 4 << 20

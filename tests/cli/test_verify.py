@@ -101,6 +101,16 @@ def test_serve_refuses_a_tampered_model_before_listening(nano_build, copy_build)
     assert "openvino/model.bin has sha256" in one_line(r)
 
 
+def test_int8_weights_are_verified_with_their_xml(digits_int8_build, copy_build):
+    """The int8 IR's .bin is read with its .xml, as the f32 one's is: a changed int8 .bin was loaded by
+    serve, recovery and healthcheck --build-dir, and only `verify` saw it."""
+    build = copy_build(digits_int8_build)
+    flip_byte(build / "openvino" / "model.int8.bin")
+    r = veo("healthcheck", "--build-dir", build, "--timeout", "120", timeout=180)
+    assert r.returncode == TAMPERED, r.stderr
+    assert "openvino/model.int8.bin has sha256" in one_line(r)
+
+
 def test_verify_json_reports_every_differing_artifact(nano_build, copy_build):
     build = copy_build(nano_build)
     flip_byte(build / "model.onnx")
