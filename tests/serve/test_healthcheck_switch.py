@@ -1,7 +1,8 @@
 """The healthcheck reads the canary's rule, then asks for the answer: a server that switches backends in
 between (an f32 standby's tight rule read, the answer from the int8 backend that took traffic back)
 failed the check falsely. On a mismatch it looks again; if the backend or its precision changed, it
-reads the rule again and asks once more. The server here is a small KServe v2 stand-in whose backend
+reads the rule again; either way it asks again, up to ASKS times (an answer from a transient fault's
+retry on a standby of another precision is right by that one's rule). The server here is a small KServe v2 stand-in whose backend
 switches at a chosen moment (a real server's switch cannot be timed between two requests); the
 healthcheck, the thing under test, is the real one."""
 
@@ -13,15 +14,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from veo_edge.serve.health import CanaryMismatchError, check_server
+from veo_edge.serve.health import ASKS, CanaryMismatchError, check_server
 
 #: the rule each precision publishes; the answer (1.1 where 1.0 is expected) meets int8's only
 RULES = {"f32": 1e-5, "int8": 0.5}
 
 
-def _server(switch_after_infers: int | None):
+def _server(switch_after_infers: int | None, right_from: int | None = None):
     """A stand-in serving model "m" on f32 (onnxruntime) that moves to int8 (openvino) once it has
-    answered ``switch_after_infers`` infers (None: never)."""
+    answered ``switch_after_infers`` infers (None: never); from infer ``right_from`` on (None: never) its
+    answer is f32's (as when an answer came from another precision's standby before)."""
     state = {"infers": 0}
 
     def precision() -> str:
@@ -55,9 +57,10 @@ def _server(switch_after_infers: int | None):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
             state["infers"] += 1
+            first = 1.0 if right_from is not None and state["infers"] >= right_from else 1.1
             # the answer of the backend serving after this call: int8's once the switch is due
             self._json(
-                {"outputs": [{"name": "out", "datatype": "FP32", "shape": [1, 4], "data": [1.1, 0, 0, 0]}]}
+                {"outputs": [{"name": "out", "datatype": "FP32", "shape": [1, 4], "data": [first, 0, 0, 0]}]}
             )
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -82,4 +85,15 @@ def test_a_wrong_answer_without_a_switch_is_still_a_mismatch() -> None:
             check_server(f"http://127.0.0.1:{server.server_address[1]}", timeout=10)
     finally:
         server.shutdown()
-    assert state["infers"] == 1  # no second try where nothing moved
+    assert state["infers"] == ASKS  # asked again, and wrong every time
+
+
+def test_an_answer_from_a_retry_on_another_precision_is_asked_again() -> None:
+    """A transient fault's batch re-run on a standby of another precision answers by that precision's
+    rule: the first answer misses the served rule, the next (on the served backend) meets it."""
+    server, state = _server(switch_after_infers=None, right_from=2)
+    try:
+        report = check_server(f"http://127.0.0.1:{server.server_address[1]}", timeout=10)
+    finally:
+        server.shutdown()
+    assert report["healthy"] and report["precision"] == "f32" and state["infers"] == 2
