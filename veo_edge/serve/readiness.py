@@ -67,6 +67,10 @@ class ReadinessCheck:
             return None
         for _ in range(len(runtime.names)):  # each round takes one backend out: the policy bounds it
             backend = self._run_once(runtime)
+            if backend is not None and self.result is not None and not self.result.ok:
+                # once more before its traffic goes: a transient fault's retry may have answered on a
+                # standby of another precision (by the served rule, wrong); a broken backend stays wrong
+                backend = self._run_once(runtime)
             if backend is None or self.result is None or self.result.ok:
                 break
             moved = runtime.reject(backend, f"canary mismatch: {self.error}")
