@@ -115,12 +115,26 @@ def test_grpc_messages_count_against_the_same_bound(edge_server) -> None:
                 return error
             time.sleep(0.05)
 
+    def refused() -> float:  # the model's count of gRPC requests answered as HTTP's 503
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = edge_server.request("GET", "/metrics")[2].decode()
+        return sum(
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == "veo_edge_infer_requests_total" and s.labels.get("protocol") == "grpc"
+            and s.labels.get("code") == "503"
+        )  # fmt: skip
+
+    before = refused()
     with grpc.insecure_channel(edge_server.grpc_url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         try:  # until the server has read both bodies' bytes
             e = until(stub, lambda code: code == grpc.StatusCode.UNAVAILABLE)
             assert e.code() == grpc.StatusCode.UNAVAILABLE, e.details()
             assert "--max-buffered-bytes" in e.details() and "request bodies" in e.details(), e.details()
+            assert refused() >= before + 1  # counted, per protocol, as the HTTP refusals are by route
         finally:
             for s in socks:
                 s.close()

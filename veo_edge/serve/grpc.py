@@ -283,7 +283,7 @@ class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServic
             if self.budget is not None:
                 self.budget.take(size, 0)
         except HttpError as e:
-            self.service.counters.infer_rejected["REJECTED"] += 1
+            self.service.rejected(request.model_name, "grpc", 503, "REJECTED")
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         try:
             return await self._infer(request, raw, context)

@@ -218,13 +218,19 @@ class ImageModels:
     def _base(self, name: str) -> str:
         return self.companions.get(name, name)
 
-    def rejected(self, name: str, protocol: str, status: int) -> None:
+    def rejected(self, name: str, protocol: str, status: int, reason: str = "INVALID") -> None:
         """Count a request to model ``name`` refused before inference (unparsable, a bad shared-memory
-        region, an undecodable picture) in the model's own counters (its /metrics, a model set too):
-        ``nv_inference_request_failure{reason="INVALID"}`` and ``veo_edge_infer_requests{protocol,code}``."""
+        region, an undecodable picture; ``REJECTED``: over --max-buffered-bytes) in the model's own
+        counters (its /metrics, a model set too): ``nv_inference_request_failure{reason}`` and
+        ``veo_edge_infer_requests{protocol,code}``. A model the server does not have is counted nowhere."""
         base = self._base(name)
-        one = self.inner.service(base) if hasattr(self.inner, "services") else self.inner
-        one.counters.infer_rejected["INVALID"] += 1
+        try:
+            one = self.inner.service(base) if hasattr(self.inner, "services") else self.inner
+        except ProtocolError:
+            return
+        if not hasattr(self.inner, "services") and base != one.model.name:
+            return
+        one.counters.infer_rejected[reason] += 1
         one.counters.infer_requests[(protocol, status)] += 1
 
     def _inner(self, call: Any, name: str, *args: Any) -> Any:
