@@ -70,7 +70,7 @@ class Fallback(Candidates):
             held = self._held.get(index) if index is not None else None
             if index is None or held is None:
                 raise NoBackendError(
-                    "no backend is active (all failed or the runtime is closed); see runtime.state"
+                    "no backend is active (each failed, or the runtime is closed); the runtime's state says why"
                 )
             out, error = self._attempt(index, held, feed, output)
             if error is not None:
@@ -202,7 +202,8 @@ class Fallback(Candidates):
                 log.error("backend %s failed and no backend is left: %s", failed, short(str(e), 400))
         to = self.active_backend
         self._record(failed, to, reason, failure=True)
-        log.warning("backend %s failed (%s); traffic moved to %s", failed, short(reason), to or "none")
+        if to is not None:  # with none left, the error above said so
+            log.warning("backend %s failed (%s); traffic moved to %s", failed, short(reason), to)
 
     def recover(self, only_if_none_active: bool = False, backoff: bool = False) -> bool:
         """Back to a warm-checked candidate ahead of the active one (any, when none is; the one left is

@@ -187,7 +187,9 @@ class Runtime:
         with self._backends.gate:  # exclusive: no batch runs, no backend switches while warming
             runner = self._backends.runner
             if runner is None:
-                raise NoBackendError("no backend is active to warm up; see runtime.state")
+                raise NoBackendError(
+                    "no backend is active to warm up (each failed, or the runtime is closed)"
+                )
             created = runner.warm_up(sizes, concurrency(runner))
         if self._batcher is not None:
             self._batcher.warm_up()

@@ -105,7 +105,8 @@ class ReadinessCheck:
         if self.error:
             if self.error != self._last_reason:
                 mismatch = self.result is not None and len(runtime.names) > 1
-                log.error(
+                log.log(  # a mismatch with backends left is handled: it moves traffic (WARNING)
+                    logging.WARNING if mismatch else logging.ERROR,
                     "not ready: canary failed on %s: %s%s",
                     backend,
                     self.error,

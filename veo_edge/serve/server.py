@@ -123,7 +123,7 @@ async def _serve(runtimes, makers, options, listeners, grpc_server, app_args, on
                 logging.ERROR if "reason" in ready else level,
                 "model %r: backend %s%s, %s%s%s",
                 name,
-                active,
+                active or "none",
                 f" (fell back from --backend {asked}; --no-fallback refuses to)" if fell_back else "",
                 f"not ready: {ready['reason']}" if "reason" in ready else "ready: yes",
                 f" (switched away from {switched})" if switched else "",
