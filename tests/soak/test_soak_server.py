@@ -146,6 +146,11 @@ def test_soak_over_grpc(nano_build: Path, server, tmp_path: Path, capsys):
     assert "warning: gRPC carries no /metrics, so the server's memory is not sampled" in err[0]
     assert report["latency_ms"]["overall"]["count"] == report["requests"]["ok"]
     assert report["verdict"]["pass"] is True and report["leak"] == {}
+    assert report["fallbacks"]["switches"] is None  # not read, so not said to be 0
+    assert (
+        "- fallbacks: not measured: no counter of the server was read"
+        in (tmp_path / "run-grpc" / "report.md").read_text()
+    )
     leak = {c["name"]: c for c in report["verdict"]["checks"]}["leak"]
     assert leak["skipped"] is True and "gRPC carries no /metrics" in leak["detail"]
     assert (
@@ -156,6 +161,7 @@ def test_soak_over_grpc(nano_build: Path, server, tmp_path: Path, capsys):
     metrics = f"{server.http}/metrics"  # the same server's HTTP port serves /metrics too
     report = _complete_soak(tmp_path / "run-metrics", "grpc", capsys, *args, "--metrics-url", metrics)
     assert report["run"]["metrics_url"] == metrics and report["leak"]["rss"]["samples"] >= 8
+    assert report["fallbacks"]["switches"] == 0
     assert {c["name"]: c["pass"] for c in report["verdict"]["checks"]}["leak:rss"] is True
 
     assert _cli("soak", "--url", "grpc://127.0.0.1", "--duration", "1s", "--out", str(tmp_path / "x")) == 2

@@ -278,8 +278,9 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
         if batch_fits
         else None,
         "fallbacks": {
-            "switches": fallbacks,
-            "recoveries": recoveries,
+            # None: not measured (a gRPC soak without --metrics-url reads no counter of the server)
+            "switches": fallbacks if fallbacks_by_seg or in_process else None,
+            "recoveries": recoveries if fallbacks_by_seg or in_process else None,
             "backends": backends,
             **_by_backend(counted_by_seg, in_process),
             "counted_from": _counted_from(in_process, baselined, segments),

@@ -116,7 +116,10 @@ def markdown(r: dict[str, Any]) -> str:
         ),
         f"- fallbacks: {r['fallbacks']['switches']} switches, {r['fallbacks']['recoveries']} recoveries; "
         f"backends: {', '.join(r['fallbacks']['backends']) or '-'}; faults: {_counts(r['fallbacks'], 'faults')}; "
-        f"retries: {_counts(r['fallbacks'], 'retries')}",
+        f"retries: {_counts(r['fallbacks'], 'retries')}"
+        if r["fallbacks"]["switches"] is not None
+        else "- fallbacks: not measured: no counter of the server was read (gRPC carries no /metrics: give "
+        "--metrics-url)",
         *(
             [
                 f"- chaos: {r['chaos']['total']} faults injected"
