@@ -31,7 +31,12 @@ log = logging.getLogger("veo_edge.serve")
 
 def _skips(runtime: Any) -> str:
     """Each skipped backend and why, in one line (what the log says when none passed)."""
-    skipped = runtime.state.to_dict().get("skipped") or []
+    return _skipped_line(runtime.state.to_dict())
+
+
+def _skipped_line(state: dict[str, Any]) -> str:
+    """The runtime ``state``'s skipped backends and why, in words (``none`` when it skipped none)."""
+    skipped = state.get("skipped") or []
     return "; ".join(f"{s['backend']}: {short(s['reason'])}" for s in skipped) or "none"
 
 
@@ -156,8 +161,8 @@ class ReadinessCheck:
         if state.get("closed"):
             reasons.append("the runtime is closed")
         if not backend or not state.get("ready", True):
-            reasons.append(f"no backend is active (skipped: {state.get('skipped')})")
-        if self.backend_failure:
+            reasons.append(f"no backend is active (skipped: {_skipped_line(state)})")
+        if self.backend_failure and backend:  # with none active, that is the reason already
             reasons.append(f"a request failed on the backend ({self.backend_failure}); re-checking")
         if self.error:
             reasons.append(f"canary failed on {self.backend}: {self.error}")
