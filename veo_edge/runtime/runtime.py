@@ -187,9 +187,7 @@ class Runtime:
         with self._backends.gate:  # exclusive: no batch runs, no backend switches while warming
             runner = self._backends.runner
             if runner is None:
-                raise NoBackendError(
-                    "no backend is active to warm up (each failed, or the runtime is closed)"
-                )
+                raise NoBackendError("no backend is active to warm up (each failed, or it is closed)")
             created = runner.warm_up(sizes, concurrency(runner))
         if self._batcher is not None:
             self._batcher.warm_up()
