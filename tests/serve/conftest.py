@@ -17,7 +17,6 @@ import pytest
 
 STARTUP_TIMEOUT_S = 90.0
 _LISTENING = re.compile(r"serving (.+?) on http://127\.0\.0\.1:(\d+)")
-#: gRPC and the separate metrics port on free ports too (their defaults, 8001 and 8002, may be taken)
 #: the gRPC and metrics ports on free ones, not the defaults 8001/8002 (which another server may hold)
 QUIET_PORTS = ("--grpc-port", "0", "--metrics-port", "0")
 _GRPC = re.compile(r"gRPC on 127\.0\.0\.1:(\d+)")
@@ -62,6 +61,19 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             os.kill(self.proc.pid, signal.SIGKILL)
             return self.proc.wait(10)
+
+
+def serve_to_exit(build: Path, *args: str, env: dict | None = None, cwd: Path | None = None):
+    """``veo-edge serve BUILD --port 0 ARGS`` run to its end (a start the test expects refused): the
+    finished process, its output captured. ``env``: the whole environment (default: this one)."""
+    return subprocess.run(
+        [sys.executable, "-m", "veo_edge.cli.main", "serve", str(build), "--port", "0", *QUIET_PORTS, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ if env is None else env,
+        cwd=cwd,
+    )
 
 
 def start_server(

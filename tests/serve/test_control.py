@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.serve.conftest import QUIET_PORTS
+from tests.serve.conftest import serve_to_exit
 
 httpclient = pytest.importorskip("tritonclient.http")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -127,30 +127,12 @@ def test_with_the_token_unload_and_load(control_server, protocol) -> None:
 def test_a_policy_that_cannot_hold_is_refused_at_start(nano_build, args, env, message) -> None:
     import os
 
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "veo_edge.cli.main",
-            "serve",
-            str(nano_build),
-            "--port",
-            "0",
-            *QUIET_PORTS,
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={
-            **{
-                k: v
-                for k, v in os.environ.items()
-                if not k.startswith(("VEO_EDGE_CONTROL", "VEO_EDGE_MODEL_CONTROL", "VEO_EDGE_RESTRICT"))
-            },
-            **env,
-        },
-    )
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("VEO_EDGE_CONTROL", "VEO_EDGE_MODEL_CONTROL", "VEO_EDGE_RESTRICT"))
+    }
+    proc = serve_to_exit(nano_build, *args, env={**clean, **env})
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
 

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.serve.conftest import QUIET_PORTS
+from tests.serve.conftest import serve_to_exit
 from veo_edge.serve.alone import LoneRequests
 from veo_edge.serve.protocol import encode_infer_request
 
@@ -148,26 +148,6 @@ def test_one_slow_request_does_not_turn_it_off(caplog):
     ],
 )
 def test_a_bad_bound_is_refused_in_one_line_by_its_flag(nano_build, tmp_path, flag, value, message):
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "veo_edge.cli.main",
-            "serve",
-            str(nano_build),
-            "--port",
-            "0",
-            *QUIET_PORTS,
-            flag,
-            value,
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    done = serve_to_exit(nano_build, flag, value, cwd=tmp_path)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1

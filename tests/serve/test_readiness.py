@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.serve.conftest import serve_to_exit
 from veo_edge.runtime.fallback import SWITCH_AFTER
 from veo_edge.serve.protocol import encode_infer_request
 
@@ -170,17 +171,8 @@ def test_bad_policy_is_a_usage_error(nano_build):
 def test_a_malformed_fault_schedule_is_one_line_with_no_warning_before_it(nano_build):
     """It was the 'fault injection is on' warning, then the error: two lines where one was promised."""
     import os
-    import subprocess
-    import sys
 
-    argv = [sys.executable, "-m", "veo_edge.cli.main", "serve", str(nano_build), "--port", "0"]
-    r = subprocess.run(
-        [*argv, "--grpc-port", "-1", "--metrics-port", "-1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "VEO_EDGE_FAULTS": "{bad"},
-    )
+    r = serve_to_exit(nano_build, env={**os.environ, "VEO_EDGE_FAULTS": "{bad"})
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == [
         line for line in r.stderr.splitlines() if line.startswith("error: VEO_EDGE_FAULTS is not valid JSON")
