@@ -112,6 +112,11 @@ def _same_build(build: BuildDir, params: dict[str, Any], url: str) -> None:
         )
 
 
+def _served(params: dict[str, Any]) -> dict[str, Any]:
+    """What the server says it serves the model on (model metadata ``parameters``): backend, precision."""
+    return {k: params[k] for k in ("backend", "precision") if k in params}
+
+
 def _served_precision(params: dict[str, Any]) -> str | None:
     """The precision the server says its active backend computes at (None: it does not say)."""
     precision = params.get("precision")
@@ -318,16 +323,16 @@ def check_server(
             # of another precision. A broken backend answers wrongly every time.
             if result.ok:
                 break
-            now = metadata_of(name, f"the server at {url} gave no inputs for model {name!r}")
-            served = {k: (now.get("parameters") or {}).get(k) for k in ("backend", "precision")}
-            if served != {k: params.get(k) for k in ("backend", "precision")}:
-                params = now.get("parameters") or {}
+            why = f"the server at {url} gave no inputs for model {name!r}"
+            now = metadata_of(name, why).get("parameters") or {}
+            if _served(now) != _served(params):
+                params = now
                 canary = rule(params)
             result = compare_canary(infer(canary), canary)
         if not result.ok:
             raise CanaryMismatchError(f"{result.reason} (model {name!r} at {url})")
         report = {"healthy": True, "url": url, "model": name, "canary": result.to_dict()}
-        report |= {k: params[k] for k in ("backend", "precision") if k in params}
+        report |= _served(params)
         if asked != name:
             report |= {
                 "asked": asked,

@@ -224,11 +224,14 @@ class ImageModels:
         counters (its /metrics, a model set too): ``nv_inference_request_failure{reason}`` and
         ``veo_edge_infer_requests{protocol,code}``. A model the server does not have is counted nowhere."""
         base = self._base(name)
-        try:
-            one = self.inner.service(base) if hasattr(self.inner, "services") else self.inner
-        except ProtocolError:
-            return
-        if not hasattr(self.inner, "services") and base != one.model.name:
+        if hasattr(self.inner, "services"):  # a model set: the model's own service
+            try:
+                one = self.inner.service(base)
+            except ProtocolError:
+                return
+        elif base == self.inner.model.name:
+            one = self.inner
+        else:
             return
         one.counters.infer_rejected[reason] += 1
         one.counters.infer_requests[(protocol, status)] += 1

@@ -29,11 +29,6 @@ from veo_edge.serve.health import load_canary
 log = logging.getLogger("veo_edge.serve")
 
 
-def _skips(runtime: Any) -> str:
-    """Each skipped backend and why, in one line (what the log says when none passed)."""
-    return _skipped_line(runtime.state.to_dict())
-
-
 def _skipped_line(state: dict[str, Any]) -> str:
     """The runtime ``state``'s skipped backends and why, in words (``none`` when it skipped none)."""
     skipped = state.get("skipped") or []
@@ -85,7 +80,7 @@ class ReadinessCheck:
                     "(503) until one does: rebuild the model, or check the backend's artifacts",
                     backend,
                     self.error,
-                    _skips(runtime),
+                    _skipped_line(runtime.state.to_dict()),
                 )
                 break
             if moved == backend:  # not moved (closed meanwhile): nothing else to run it on
