@@ -151,17 +151,17 @@ class ServiceOptions:
     def _check_metrics_port(self) -> None:
         """A ``-e VEO_EDGE_METRICS_PORT`` moves by 2 a slot as the others do: refused where one slot's
         metrics port is another's (or its own) HTTP or gRPC port, on the layout this deploy makes."""
-        value = self.env.get(METRICS_PORT_ENV)
-        if value is None or value.strip() == "-1":
+        first = metrics_port(self.env)  # slot 1's, a TCP port; None: off
+        if first is None:
             return
-        metrics_port(self.env)  # a TCP port or -1
+        value = self.env[METRICS_PORT_ENV]
         slots = range(self.replicas or 1) if self.slotted else range(1)
         grpc = self.env.get(GRPC_PORT_ENV, str(self.port + 1 if self.slotted else IMAGE_GRPC_PORT))
         taken = {self.port + PORT_STRIDE * k: "HTTP" for k in slots}
         if grpc.strip().isdigit():
             taken.update({int(grpc) + PORT_STRIDE * k: "gRPC" for k in slots})
         for k in slots:
-            metrics = int(value) + PORT_STRIDE * k
+            metrics = first + PORT_STRIDE * k
             if metrics in taken or metrics > 65535:
                 clash = f"the {taken[metrics]} port of a replica" if metrics in taken else "past port 65535"
                 layout = (
