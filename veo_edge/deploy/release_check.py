@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from veo_edge.deploy.runopts import (
-    CODE_ENV,
     LABEL_DEPLOY,
     LABEL_IMAGE,
     NO_NEW_PRIVILEGES,
     RunOptions,
+    code_env,
     hardening,
 )
 from veo_edge.errors import ImageNotFoundError, ImageTrustError, UsageError
@@ -120,7 +120,7 @@ def pin_problems(attrs: dict, report: dict[str, Any], allow_unsigned: bool) -> l
     if env.get(im.ALLOW_UNSIGNED_ENV) is not None:
         out.append(f"its environment sets {im.ALLOW_UNSIGNED_ENV}={env[im.ALLOW_UNSIGNED_ENV]} (its own "
                    "signature check is off; pass --allow-unsigned to accept)")  # fmt: skip
-    code = sorted(k for k in env if k in CODE_ENV)
+    code = code_env(env)
     if code:
         out.append(f"its environment sets {', '.join(code)} (other code than the signed image's would run; "
                    "pass --allow-unsigned to accept)")  # fmt: skip

@@ -102,6 +102,11 @@ class RunOptions:
         return self.cache_volume or f"veo-edge-cache-{name}"
 
 
+def code_env(env: dict[str, str]) -> list[str]:
+    """The variables of ``env`` that change which code runs inside the signed image (:data:`CODE_ENV`)."""
+    return sorted(k for k in env if k in CODE_ENV)
+
+
 def check_env(env: dict[str, str], allow_unsigned: bool) -> None:
     """Refuse ``-e`` that would undo what a verified deploy guarantees (exit 2, before any engine):
     ``VEO_EDGE_ALLOW_UNSIGNED`` (the container's own signature check off) and :data:`CODE_ENV` (other code
@@ -116,7 +121,7 @@ def check_env(env: dict[str, str], allow_unsigned: bool) -> None:
             "check of the signature this deploy verifies; leave it out, or pass --allow-unsigned to deploy "
             "an unverified image knowingly (which sets it)"
         )
-    code = sorted(k for k in env if k in CODE_ENV)
+    code = code_env(env)
     if code:
         raise UsageError(
             f"--env {code[0]}={env[code[0]]} would change which code runs inside the signed image (the "

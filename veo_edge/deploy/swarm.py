@@ -202,10 +202,10 @@ def _check_kept_env(name: str, opts: ServiceOptions) -> None:
     """A re-deploy without ``-e`` keeps the service's environment: refuse to carry a variable that changes
     which code runs (:data:`~veo_edge.deploy.runopts.CODE_ENV`, set by an unverified deploy or by hand)
     into a deploy that is not ``--allow-unsigned``, as ``-e`` giving it is refused."""
-    from veo_edge.deploy.runopts import CODE_ENV
+    from veo_edge.deploy.runopts import code_env
 
     env = opts.env
-    code = sorted(k for k in env if k in CODE_ENV)
+    code = code_env(env)
     if code and not opts.allow_unsigned:
         raise UsageError(
             f"service {name} sets {code[0]}={env[code[0]]}, which this re-deploy would keep (no -e given) and "
