@@ -80,6 +80,20 @@ def test_val_data_the_guard_cannot_use_is_refused_before_the_export(tmp_path, y,
     assert "Exporting" not in r.stdout + r.stderr and not (tmp_path / "vit-nano").exists()
 
 
+def test_one_val_sample_builds_at_f32_as_the_canary(tmp_path):
+    """At f32 no guard scores --val: one sample is the build's canary input and its top-1, not refused."""
+    import numpy as np
+
+    x = np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    np.savez(tmp_path / "v.npz", x=x, y=np.array([3]))
+    r = veo("build", "--model", "vit-nano", "--val", "v.npz", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((tmp_path / "vit-nano" / "manifest.json").read_text())
+    assert manifest["canary"]["source"] == "--val v.npz, sample 0"
+    assert np.array_equal(np.load(tmp_path / "vit-nano" / "canary" / "input.npy"), x)
+    assert manifest["cpu_precision"]["accuracy"]["samples"] == 1
+
+
 def test_one_calibration_sample_is_bad_input_as_for_val(tmp_path):
     """The label-free guard holds a fifth of --calibration out: one sample is refused with --val's exit code."""
     import numpy as np

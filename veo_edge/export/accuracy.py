@@ -28,12 +28,13 @@ AMBIGUITY_MARGIN = 0.25
 
 
 def check_guard_data(
-    source: str, samples: int, y: np.ndarray | None, served: str, classes: int | None
+    source: str, samples: int, y: np.ndarray | None, served: str, classes: int | None, guarded: bool = True
 ) -> None:
-    """Refuse ``--val`` data the guard cannot use, before the build's slow work: fewer than 2 samples,
-    labels for a model that serves features, labels outside ``0 .. classes - 1`` (``classes`` None: unknown,
-    only negative labels are refused)."""
-    if samples < 2:
+    """Refuse ``--val`` data the build cannot use, before its slow work: fewer than 2 samples where a
+    reduced precision's guard will score them (``guarded``; at f32 one sample is the canary and, labelled,
+    a top-1 of 0 or 100), labels for a model that serves features, labels outside ``0 .. classes - 1``
+    (``classes`` None: unknown, only negative labels are refused)."""
+    if guarded and samples < 2:
         raise InputError(
             f"--val {source} has {samples} sample; the accuracy guard needs at least 2 (one sample's top-1 is "
             "0 or 100 %), and hundreds to resolve --max-accuracy-drop"

@@ -102,7 +102,8 @@ def load_build_data(loaded: LoadedModel, opts: Any) -> BuildData:
         data.val = load_data(opts.val, loaded.input_shape, "--val", loaded.preprocess)
         served = loaded.config.get("output") or "logits"
         classes = _classes(loaded) if data.val.labelled and served == "logits" else None
-        check_guard_data(data.val.source, len(data.val.x), data.val.y, served, classes)
+        guarded = opts.cpu_precision != "f32"  # bf16 is guarded on every CPU, also where it runs at f32
+        check_guard_data(data.val.source, len(data.val.x), data.val.y, served, classes, guarded)
     if opts.calibration is not None:
         cal = data.calibration = load_data(
             opts.calibration, loaded.input_shape, "--calibration", loaded.preprocess
