@@ -31,18 +31,16 @@ from typing import Any
 
 from veo_edge.soak.analyse_samples import analyse_samples, disk_rate
 from veo_edge.soak.config import SoakConfig, Thresholds
-from veo_edge.soak.fits import MIN_FIT_SAMPLES, percentiles
+from veo_edge.soak.fits import MIN_FIT_SAMPLES, MIN_JITTER_WINDOWS, percentiles
 from veo_edge.soak.load import decode_histogram, new_histogram
 from veo_edge.soak.store import RunStore
 from veo_edge.soak.verdict import verdict
 
-__all__ = ["MIN_FIT_SAMPLES", "REPORT_FORMAT", "REPORT_VERSION", "analyse", "verdict"]
+__all__ = ["MIN_FIT_SAMPLES", "MIN_JITTER_WINDOWS", "REPORT_FORMAT", "REPORT_VERSION", "analyse", "verdict"]
 
 REPORT_FORMAT = "veo-edge-soak-report"
 REPORT_VERSION = 1
 MIN_WINDOW_SAMPLES = 10
-#: the jitter (a half-range of window medians) needs this many windows; fewer reads as skipped
-MIN_JITTER_WINDOWS = 2
 #: per-window detail kept in the report (consecutive windows merged beyond: see ``windows_stride``)
 MAX_WINDOWS_KEPT = 2000
 

@@ -139,8 +139,7 @@ class SoakConfig:
         """Why this duration cannot give every check a value, or None: after the warm-up the jitter needs
         ``MIN_JITTER_WINDOWS`` whole ``--window``s and the leak fit ``MIN_FIT_SAMPLES`` resource samples
         (without them those checks read skipped)."""
-        from veo_edge.soak.analyse import MIN_JITTER_WINDOWS
-        from veo_edge.soak.fits import MIN_FIT_SAMPLES
+        from veo_edge.soak.fits import MIN_FIT_SAMPLES, MIN_JITTER_WINDOWS
         from veo_edge.soak.units import format_duration as fmt
 
         left = self.duration_s - self.warmup

@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 MIN_FIT_SAMPLES = 8
+#: the jitter (a half-range of window medians) needs this many windows; fewer reads as skipped
+MIN_JITTER_WINDOWS = 2
 #: Theil–Sen is O(n²): longer series are fitted on this many points (medians of equal-count bins)
 MAX_FIT_POINTS = 1000
 
