@@ -27,12 +27,12 @@ def compile_ir(ir: Any, hint: str, static: bool = False) -> Any:
     axis fixed at 1 first, as ADAPTIVE compiles it."""
     import openvino as ov
 
-    from veo_edge.runtime.backends.openvino import _batch_of_one, compile_config
+    from veo_edge.runtime.backends.openvino_compile import batch_of_one, compile_config
 
     core = ov.Core()
     model = core.read_model(str(ir)) if isinstance(ir, (str, Path)) else ir
     return core.compile_model(
-        _batch_of_one(model) if static else model, "CPU", compile_config("f32", hint=hint)
+        batch_of_one(model) if static else model, "CPU", compile_config("f32", hint=hint)
     )
 
 

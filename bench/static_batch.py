@@ -22,7 +22,7 @@ def _compiled(xml: str, batch: int | None):
     axis (None: dynamic)."""
     import openvino as ov
 
-    from veo_edge.runtime.backends.openvino import compile_config
+    from veo_edge.runtime.backends.openvino_compile import compile_config
 
     core = ov.Core()
     model = core.read_model(xml)

@@ -55,7 +55,7 @@ IMAGES = (
 PARITY = r"""
 import sys, numpy as np, openvino as ov
 from veo_edge.builddir import BuildDir
-from veo_edge.runtime.backends.openvino import compile_config
+from veo_edge.runtime.backends.openvino_compile import compile_config
 b = BuildDir.open(sys.argv[1])
 core = ov.Core()
 for tag in ("canary", "test"):

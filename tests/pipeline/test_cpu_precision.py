@@ -17,6 +17,7 @@ from veo_edge.export.source import BuiltinSource
 from veo_edge.models import digits as digits_data
 from veo_edge.pipeline.build import BuildOptions, run_build
 from veo_edge.runtime.backends import openvino as ov_backend
+from veo_edge.runtime.backends import openvino_compile
 from veo_edge.serve.health import check_local, load_canary
 
 
@@ -122,7 +123,7 @@ def test_int8_without_data_is_refused_before_any_work(tmp_path: Path) -> None:
 
 def test_bf16_falls_back_to_f32_with_a_note_where_the_cpu_has_no_bf16(tmp_path: Path, monkeypatch) -> None:
     """The capability probe is simulated (a CPU without BF16); OpenVINO itself runs for real."""
-    monkeypatch.setattr(ov_backend, "native_bf16", lambda: False)
+    monkeypatch.setattr(openvino_compile, "native_bf16", lambda: False)
     out = tmp_path / "nano-bf16"
     result = run_build(
         BuildOptions(BuiltinSource("vit-nano"), out=out, quiet=True, plugins=False, cpu_precision="bf16")
@@ -142,7 +143,7 @@ def test_bf16_falls_back_to_f32_with_a_note_where_the_cpu_has_no_bf16(tmp_path: 
 
 
 def test_bf16_runs_bf16_where_the_cpu_has_it(tmp_path: Path) -> None:
-    if not ov_backend.native_bf16():
+    if not openvino_compile.native_bf16():
         pytest.skip("this CPU has no native BF16")
     out = tmp_path / "nano-bf16"
     result = run_build(

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from veo_edge.cli.main import main
-from veo_edge.runtime.backends.openvino import native_bf16
+from veo_edge.runtime.backends.openvino_compile import native_bf16
 from veo_edge.runtime.probes import BF16_FLAGS, CPUINFO_ENV, _cpu, probe_bf16
 
 AVX512_NO_BF16 = (

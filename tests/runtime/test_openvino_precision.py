@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from veo_edge.builddir import BuildDir
-from veo_edge.runtime.backends.openvino import compile_config
+from veo_edge.runtime.backends.openvino_compile import compile_config
 from veo_edge.runtime.loaders import cpu_runner
 
 REPO = Path(__file__).resolve().parents[2]

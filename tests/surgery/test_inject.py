@@ -109,7 +109,7 @@ def test_openvino_runs_the_reference_copy_once_inlined(export_case):
     inj = PluginInjection(net.input_shape)(onnx.load(str(path)))
     inlined = inliner.inline_local_functions(inj.reference_model)
     assert not any(n.op_type.startswith("Veo") for n in inlined.graph.node)
-    from veo_edge.runtime.backends.openvino import compile_config, compiled_precision
+    from veo_edge.runtime.backends.openvino_compile import compile_config, compiled_precision
 
     core = ov.Core()
     compiled = core.compile_model(

@@ -27,7 +27,7 @@ from veo_edge.export.openvino_ir import OpenVinoConvert
 from veo_edge.export.parity import ParityStats, TorchReference, check_all
 from veo_edge.export.source import BuiltinSource, LoadedModel, ModuleSource, OnnxSource, inline_external_data
 from veo_edge.pipeline.progress import StageReporter
-from veo_edge.runtime.backends.openvino import SERVED_PRECISIONS
+from veo_edge.runtime.backends.openvino_compile import SERVED_PRECISIONS
 from veo_edge.staging import BuildOutput
 
 if TYPE_CHECKING:

@@ -155,7 +155,8 @@ def run_precision_stage(
     canary: Canary,
     data: BuildData,
 ) -> PrecisionResult:
-    from veo_edge.runtime.backends.openvino import OpenVinoRunner, resolve_precision
+    from veo_edge.runtime.backends.openvino import OpenVinoRunner
+    from veo_edge.runtime.backends.openvino_compile import resolve_precision
 
     requested = opts.cpu_precision
     precheck(opts)

@@ -107,7 +107,7 @@ BF16_MEASURED = "vit-tiny ran 1.5-1.9x faster at bf16 than at f32 on such a CPU 
 
 def probe_bf16(source: str | Path | None = None) -> Probe:
     """Whether ``--cpu-precision bf16`` runs bf16 here: the CPU has one of :data:`BF16_FLAGS` (OpenVINO's
-    own test, :func:`veo_edge.runtime.backends.openvino.native_bf16`, agrees on x86). Elsewhere on x86 it
+    own test, :func:`veo_edge.runtime.backends.openvino_compile.native_bf16`, agrees on x86). Elsewhere on x86 it
     runs f32, and says so; other architectures are not judged."""
     return _by_flags(
         "bf16",

@@ -21,6 +21,7 @@ memory per batch size); the batch-1 compile's requests share their stream's memo
 vit-tiny on 2 cores (docs/benchmarks.md, `bench/serve.py limit`): LATENCY alone serves 1 client as fast and 4
 clients at about 85 % of the machine's limit, THROUGHPUT alone 4 clients faster but 1 client at half
 the speed. With ``measure_batching`` ADAPTIVE first measures whether batches pay (openvino_batching.py).
+How each model is compiled (the stated precision and hint, bf16 where the CPU has it) is openvino_compile.py.
 """
 
 from __future__ import annotations
@@ -36,25 +37,20 @@ import numpy as np
 
 from veo_edge.errors import BackendError, BackendUnavailableError, ModelLoadError, UsageError
 from veo_edge.runtime.backends.base import Runner, TensorMeta, zeros_feed
+from veo_edge.runtime.backends.openvino_compile import (
+    batch_of_one,
+    compile_config,
+    compiled_precision,
+    resolve_precision,
+)
 
 log = logging.getLogger(__name__)
 
-# OpenVINO's names for the execution precisions veo-edge asks for. Every compile states one: left to
-# itself the CPU plugin picks bf16 on CPUs with AVX512-BF16 or AMX, and the results change with the machine.
-INFERENCE_PRECISIONS = {"f32": "f32", "bf16": "bf16"}
 #: OpenVINO's performance hints: LATENCY (one stream, all cores on each request) or THROUGHPUT (streams);
 #: ADAPTIVE is veo-edge's: LATENCY for a batch that runs alone, streams under load (see the module doc)
 PERFORMANCE_HINTS = ("LATENCY", "THROUGHPUT", "ADAPTIVE")
 #: ADAPTIVE: batches in flight per THROUGHPUT stream, one computing and one queued (see the module doc)
 QUEUED_PER_STREAM = 2
-
-
-def _batch_of_one(model: Any) -> Any:
-    """A copy of ``model`` with its batch axis fixed at 1: OpenVINO runs a static shape faster than the
-    dynamic batch (0.46 ms of 17 on vit-tiny, paired in one process; README)."""
-    one = model.clone()
-    one.reshape({p.get_any_name(): [1, *p.get_partial_shape()[1:]] for p in one.inputs})
-    return one
 
 
 def _write(request: Any, inputs: Sequence[TensorMeta], feed: dict[str, np.ndarray]) -> None:
@@ -89,60 +85,6 @@ def _run_at_once(
             error = error or e
     if error is not None:
         raise error
-
-
-def compile_config(
-    precision: str = "f32", threads: int | None = None, hint: str = "LATENCY"
-) -> dict[str, Any]:
-    """The config of every OpenVINO compile in veo-edge (runtime, build checks, tests): precision stated."""
-    if precision not in INFERENCE_PRECISIONS:
-        raise ValueError(
-            f"unknown OpenVINO inference precision {precision!r}; choose one of: {', '.join(INFERENCE_PRECISIONS)}"
-        )
-    if hint not in ("LATENCY", "THROUGHPUT"):
-        raise ValueError(f"OpenVINO compiles with LATENCY or THROUGHPUT, not {hint!r}")
-    config: dict[str, Any] = {
-        "INFERENCE_PRECISION_HINT": INFERENCE_PRECISIONS[precision],
-        "PERFORMANCE_HINT": hint,
-    }
-    if threads:
-        config["INFERENCE_NUM_THREADS"] = threads
-    return config
-
-
-#: what a build may serve on the CPU: "int8" is an NNCF-quantized IR whose other ops run at f32
-SERVED_PRECISIONS = ("f32", "bf16", "int8")
-
-
-def native_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), as OpenVINO's CPU plugin reports it."""
-    import openvino as ov
-
-    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-
-
-def resolve_precision(
-    requested: str, has_native_bf16: Callable[[], bool] | None = None
-) -> tuple[str, str | None]:
-    """(the precision to run at, a note when it is not the one requested): bf16 falls back to f32 on a
-    CPU without native BF16, where OpenVINO would emulate it slowly or ignore the hint.
-    ``has_native_bf16`` is the capability probe (default: :func:`native_bf16`)."""
-    if requested not in SERVED_PRECISIONS:
-        raise UsageError(
-            f"unknown CPU precision {requested!r}; choose one of: {', '.join(SERVED_PRECISIONS)}"
-        )
-    if requested != "bf16":
-        return requested, None
-    probe = has_native_bf16 or native_bf16
-    if probe():
-        return "bf16", None
-    return "f32", "bf16 was asked for, but this CPU has no native BF16 (AVX512-BF16 or AMX): running f32"
-
-
-def compiled_precision(compiled: Any) -> str:
-    """The inference precision a compiled model really runs at, as OpenVINO reports it (e.g. "f32")."""
-    value = compiled.get_property("INFERENCE_PRECISION_HINT")
-    return value.get_type_name() if hasattr(value, "get_type_name") else str(value)
 
 
 def _meta(port: Any) -> TensorMeta:
@@ -217,7 +159,7 @@ class OpenVinoRunner(Runner):
         except Exception as e:
             raise ModelLoadError(f"OpenVINO could not read {self.model}: {e}") from e
         if self.max_batch == 1:  # batch 1 only: every compile static, ADAPTIVE's streams one compile
-            model = _batch_of_one(model)
+            model = batch_of_one(model)
         served, self.precision_note = resolve_precision(self.precision, self.has_native_bf16)
         if self.precision_note:
             log.warning("%s: %s", self.model, self.precision_note)
@@ -238,7 +180,7 @@ class OpenVinoRunner(Runner):
         if adaptive and self.parallel > 1:  # one stream only (one core): nothing to adapt between
             # one batch-1 copy for both batch-1 compiles (compile_model leaves it as it is); with
             # max_batch 1 the model is that copy already and the streams compile is the batch-1 one
-            one = model if self.max_batch == 1 else _batch_of_one(model)
+            one = model if self.max_batch == 1 else batch_of_one(model)
             self._latency = self._compile(core, one, compile_config(compute, self.threads, "LATENCY"))
             self._single = self._compiled if one is model else self._compile(core, one, config)
             self._dynamic_gate = threading.BoundedSemaphore(self.parallel)
