@@ -124,6 +124,10 @@ def _print(report: dict, name: str, image: str, to: str, swarm: bool, json_out: 
         )
         if report["kept"]:
             typer.echo(f"kept from the running service (not given): {', '.join(report['kept'])}")
+        if report["removed_env"]:
+            typer.echo(
+                f"removed from the service's environment (not given with -e): {', '.join(report['removed_env'])}"
+            )
         return
     prev = (
         f" (previous {report['previous_image']} kept stopped as {name}-previous)"

@@ -80,7 +80,11 @@ def deploy(
     memory: str = typer.Option(None, "--memory", help="Memory limit, e.g. 2g."),
     cpus: float = typer.Option(None, "--cpus", help="CPU limit, e.g. 1.5."),
     env: list[str] = typer.Option(
-        None, "--env", "-e", help="KEY=VALUE for the server's environment (repeatable)."
+        None,
+        "--env",
+        "-e",
+        help="KEY=VALUE for the server's environment (repeatable); a swarm update's -e set is the "
+        "service's whole environment (variables not given are removed, and named).",
     ),
     verify_key: str = typer.Option(
         None,
@@ -239,7 +243,6 @@ def deploy(
             "replicas": replicas is not None or global_mode,
             "port": given_port is not None,
             "grpc_port": grpc_port is not None,
-            "env": bool(env),
             "monitor_s": update_monitor is not None,
             "update_delay_s": update_delay is not None,
             "memory": memory is not None,
@@ -260,7 +263,6 @@ def deploy(
             cpus=cpus,
             selinux_type=selinux_type,
             keep=frozenset(k for k, v in given.items() if not v),
-            allow_unsigned=allow_unsigned,
             **pacing,
             **least,
         )

@@ -36,7 +36,7 @@ from typing import Any
 
 from veo_edge.deploy.device import check_name
 from veo_edge.deploy.profiles import NODE_LABEL, ImageFacts
-from veo_edge.deploy.swarmspec import ServiceOptions, constraint, inherit, service_spec
+from veo_edge.deploy.swarmspec import ServiceOptions, constraint, inherit, removed_env, service_spec
 from veo_edge.errors import (
     DeployError,
     DeployInterruptedError,
@@ -64,6 +64,7 @@ class ServiceResult:
     waited_s: float
     bound: str = ""  # what the service runs: the image ID or repo@sha256:...
     kept: list[str] = field(default_factory=list)  # options taken from the running service, in words
+    removed_env: list[str] = field(default_factory=list)  # variables the update took out of the service
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -74,6 +75,7 @@ class ServiceResult:
             "healthy_after_s": round(self.waited_s, 2),
             "bound_to": self.bound,
             "kept": self.kept,
+            "removed_env": self.removed_env,
         }
 
 
@@ -164,10 +166,12 @@ def deploy_service(
     except NotFound:
         service = None
     kept: list[str] = []
-    if service is not None and opts.keep:
-        opts, kept = inherit(opts, service.attrs.get("Spec") or {}, facts.port_env)
-        _check_kept_env(name, opts)
-        opts.check()
+    removed: list[str] = []
+    if service is not None:
+        if opts.keep:
+            opts, kept = inherit(opts, service.attrs.get("Spec") or {}, facts.port_env)
+            opts.check()
+        removed = removed_env(service.attrs.get("Spec") or {}, opts.env, facts.port_env)
     spec = service_spec(facts, name, opts, bound)
     action = "created" if service is None else "updated"
     version = service.version if service is not None else None
@@ -194,24 +198,8 @@ def deploy_service(
                 + f"; {state}"
             ) from e
         raise UnhealthyReleaseError(f"{e}; {state}") from e
-    result.kept = kept
+    result.kept, result.removed_env = kept, removed
     return result
-
-
-def _check_kept_env(name: str, opts: ServiceOptions) -> None:
-    """A re-deploy without ``-e`` keeps the service's environment: refuse to carry a variable that changes
-    which code runs (:data:`~veo_edge.deploy.runopts.CODE_ENV`, set by an unverified deploy or by hand)
-    into a deploy that is not ``--allow-unsigned``, as ``-e`` giving it is refused."""
-    from veo_edge.deploy.runopts import code_env
-
-    env = opts.env
-    code = code_env(env)
-    if code and not opts.allow_unsigned:
-        raise UsageError(
-            f"service {name} sets {code[0]}={env[code[0]]}, which this re-deploy would keep (no -e given) and "
-            "which changes which code runs inside the signed image; give the service's environment anew "
-            "with -e, or pass --allow-unsigned to deploy an unverified image knowingly"
-        )
 
 
 def _wanted(client: Any, opts: ServiceOptions, target: str) -> int:

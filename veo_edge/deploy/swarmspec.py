@@ -16,9 +16,14 @@ a gRPC port an odd distance from ``--port`` never meets an HTTP port (an even on
 templates cannot add numbers, so the entrypoint and the healthcheck do it.
 
 A deploy that updates a service keeps what the command did not give (``ServiceOptions.keep``: replicas or
-mode, port, gRPC port, env, update pace, limits, the least-privilege options and the model-control token's
+mode, port, gRPC port, update pace, limits, the least-privilege options and the model-control token's
 secret) from the running spec (:func:`inherit`); the defaults apply only when it creates the service.
 Read-only root, ``cap_drop=ALL`` and the ``/tmp`` tmpfs are no options: every release has them.
+
+The environment is not kept: a re-deploy's ``-e`` set is the service's whole environment (besides what the
+deploy sets itself, :data:`MANAGED_ENV`), as on one device, so a drill's ``VEO_EDGE_FAULTS``, a
+``VEO_EDGE_CACHE_ROOT`` or an ``LD_PRELOAD`` set by an earlier deploy or by hand never outlives the deploy
+that meant it. What goes is named (:func:`removed_env`).
 """
 
 from __future__ import annotations
@@ -61,7 +66,6 @@ KEEPABLE = {
     "replicas": "--replicas/--global",
     "port": "--port",
     "grpc_port": "--grpc-port",
-    "env": "-e",
     "monitor_s": "--update-monitor",
     "update_delay_s": "--update-delay",
     "memory": "--memory",
@@ -115,8 +119,6 @@ class ServiceOptions:
     #: options (KEEPABLE's names) the command did not give: an update takes them from the running service
     #: (:func:`inherit`) instead of the defaults above; a create uses the defaults
     keep: frozenset[str] = frozenset()
-    #: --allow-unsigned: a kept environment may carry what changes the code that runs (runopts.CODE_ENV)
-    allow_unsigned: bool = False
 
     def check(self) -> None:
         if self.replicas is not None and self.replicas < 1:
@@ -206,11 +208,6 @@ def inherit(opts: ServiceOptions, spec: dict[str, Any], port_env: str) -> tuple[
         change["port"] = int(old[port_env])
         kept.append(f"--port {change['port']}")
     env = dict(opts.env)
-    if "env" in opts.keep:
-        user = {k: v for k, v in old.items() if k not in MANAGED_ENV and k != port_env}
-        env = {**user, **env}
-        if user:
-            kept.append(f"-e {','.join(sorted(user))}")
     grpc = old.get(GRPC_PORT_ENV)
     port = change.get("port", opts.port)
     fits = grpc is not None and (grpc == "-1" or (grpc.isdigit() and (int(grpc) - port) % 2 == 1))
@@ -232,6 +229,14 @@ def inherit(opts: ServiceOptions, spec: dict[str, Any], port_env: str) -> tuple[
         kept.append(f"--cpus {change['cpus']:g}")
     _inherit_privilege(opts, spec, change, kept)
     return dataclasses.replace(opts, **change), kept
+
+
+def removed_env(spec: dict[str, Any], env: dict[str, str], port_env: str) -> list[str]:
+    """The variables the running service's ``spec`` sets that an update to ``env`` removes (not given with
+    ``-e``; what the deploy sets itself, :data:`MANAGED_ENV` and the port, is not counted), sorted."""
+    container = (spec.get("TaskTemplate") or {}).get("ContainerSpec") or {}
+    old = {e.split("=", 1)[0] for e in container.get("Env") or []}
+    return sorted(k for k in old if k not in env and k not in MANAGED_ENV and k != port_env)
 
 
 def _inherit_privilege(opts: ServiceOptions, spec: dict[str, Any], change: dict, kept: list[str]) -> None:
