@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -23,7 +24,7 @@ from typing import Any
 from veo_edge.serve.bodies import BodyBudget, Disconnected, HttpError, read_body
 from veo_edge.serve.canary_wire import BINARY
 from veo_edge.serve.control import CONTROL_ROUTES, HTTP_GROUPS, AccessPolicy
-from veo_edge.serve.decoder import start_decoder
+from veo_edge.serve.decoder import parse_shared, shared_ref, start_decoder
 from veo_edge.serve.metrics import render
 from veo_edge.serve.protocol import ProtocolError, encode_infer_response, parse_infer_request
 from veo_edge.serve.shm import ShmRegistry
@@ -347,4 +348,10 @@ class HttpApp:
         """Parse in a worker process: json.loads holds the GIL, so a thread would still stall the loop."""
         self.prestart_decoder()
         loop = asyncio.get_running_loop()
+        ref = shared_ref(body)  # a body in SharedPages is mapped by the worker, never pickled (copied)
+        if ref is not None:
+            try:
+                return await loop.run_in_executor(self._decoder, parse_shared, os.getpid(), *ref, hlen, model)
+            except OSError as e:  # the worker may not open /proc/<server>/fd (a locked-down /proc)
+                log.warning("the JSON decoding worker cannot map the request body (%s); it is copied", e)
         return await loop.run_in_executor(self._decoder, parse_infer_request, body, hlen, model)
