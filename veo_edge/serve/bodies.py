@@ -39,6 +39,11 @@ from veo_edge.serve.transport import Limits
 INFLATE_STEP = 256 << 10
 #: what one connection reading a body may hold beyond the counted bytes (see the module's docstring)
 BODY_MARGIN_PER_CONNECTION = 2 << 20
+#: once the bytes held fall back to none after reaching this many, and stay none for TRIM_DELAY_S (the
+#: connections' own buffers go too), the heap's free pages go back to the kernel (glibc's malloc_trim,
+#: under 1 ms): without it the idle RSS climbed 37 MiB over 80 bomb waves, with it 8
+TRIM_AFTER_BYTES = 8 << 20
+TRIM_DELAY_S = 1.0
 
 
 class HttpError(Exception):
@@ -60,6 +65,7 @@ class BodyBudget:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.held = 0
+        self.high = 0  # the most held since the heap was last trimmed
 
     def take(self, n: int, request_holds: int, check_only: bool = False) -> None:
         """Count ``n`` more bytes of a request that holds ``request_holds``; 503 (and close) over the cap.
@@ -78,9 +84,36 @@ class BodyBudget:
             )
         if not check_only:
             self.held += n
+            self.high = max(self.high, self.held)
 
     def give(self, n: int) -> None:
         self.held -= n
+        if self.held == 0 and self.high >= TRIM_AFTER_BYTES:  # a burst of large bodies has ended
+            self.high = 0
+            try:
+                asyncio.get_running_loop().call_later(TRIM_DELAY_S, self._trim_if_idle)
+            except RuntimeError:  # no event loop in this thread
+                release_heap()
+
+    def _trim_if_idle(self) -> None:
+        if self.held == 0:
+            release_heap()
+
+
+_malloc_trim: Any = None
+
+
+def release_heap() -> None:
+    """Give the free pages inside the heap back to the kernel (glibc's ``malloc_trim``; elsewhere nothing).
+    glibc returns only the heap's top on its own, so the pages freed between what a burst left in use
+    stayed with the process: idle RSS ratcheted up with each burst of large bodies, Python objects flat."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        import ctypes
+
+        _malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", False)  # musl has none
+    if _malloc_trim:
+        _malloc_trim(0)
 
 
 class _Sink:
