@@ -220,3 +220,42 @@ def test_grpc_messages_count_against_the_same_bound(edge_server) -> None:
                 s.close()
         e = until(stub, lambda code: code != grpc.StatusCode.UNAVAILABLE)  # the bodies' bytes given back
         assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e.details()
+
+
+def test_the_worker_reads_a_body_where_it_lies_and_never_another_file() -> None:
+    """What the decoding worker does with a body in shared pages, here in this process: it parses the
+    same request as from the bytes; handed an fd whose inode is not the body's (a reused fd number), it
+    refuses to read it (the server then copies the body instead)."""
+    import json
+    import os
+    import tempfile
+
+    import numpy as np
+
+    from veo_edge.serve.decoder import SharedPages, parse_shared, shared_ref
+    from veo_edge.serve.protocol import ModelSpec, parse_infer_request
+
+    model = ModelSpec.from_manifest(
+        {
+            "model": {"name": "vit-nano"},
+            "inputs": [{"name": "input", "shape": [-1, 3, 4, 5], "dtype": "float32"}],
+            "outputs": [{"name": "logits", "shape": [-1, 10], "dtype": "float32"}],
+            "max_batch": 8,
+        }
+    )
+    x = np.random.default_rng(0).random((2, 3, 4, 5), dtype=np.float32)
+    data = json.dumps(
+        {"inputs": [{"name": "input", "datatype": "FP32", "shape": [2, 3, 4, 5], "data": x.tolist()}]}
+    )
+    pages = np.frombuffer(SharedPages.create(1 << 20), np.uint8)
+    pages[: len(data)] = np.frombuffer(data.encode(), np.uint8)
+    body = pages[: len(data)]
+    fd, inode, size = shared_ref(body)
+    assert size == len(data) and shared_ref(data.encode()) is None
+    parsed = parse_shared(os.getpid(), fd, inode, size, None, model)
+    assert np.array_equal(
+        parsed.inputs["input"], parse_infer_request(data.encode(), None, model).inputs["input"]
+    )
+    assert np.array_equal(parsed.inputs["input"], x)
+    with tempfile.TemporaryFile() as other, pytest.raises(OSError, match="is no longer the request body"):
+        parse_shared(os.getpid(), other.fileno(), inode, size, None, model)

@@ -111,6 +111,7 @@ class HttpApp:
         self.budget = budget or BodyBudget(limits)  # shared with gRPC's ModelInfer where both serve
         self.in_flight = 0
         self._decoder = decoder
+        self._map_bodies = True  # the decoding worker maps bodies in SharedPages (False once it cannot)
         self._handlers: dict[str, Callable[..., Awaitable[tuple[int, list, bytes]]]] = {
             "metrics": self._metrics,
             "server_metadata": self._server_metadata,
@@ -348,10 +349,11 @@ class HttpApp:
         """Parse in a worker process: json.loads holds the GIL, so a thread would still stall the loop."""
         self.prestart_decoder()
         loop = asyncio.get_running_loop()
-        ref = shared_ref(body)  # a body in SharedPages is mapped by the worker, never pickled (copied)
+        ref = shared_ref(body) if self._map_bodies else None  # mapped by the worker, never pickled
         if ref is not None:
             try:
                 return await loop.run_in_executor(self._decoder, parse_shared, os.getpid(), *ref, hlen, model)
             except OSError as e:  # the worker may not open /proc/<server>/fd (a locked-down /proc)
-                log.warning("the JSON decoding worker cannot map the request body (%s); it is copied", e)
+                self._map_bodies = False
+                log.warning("the JSON decoding worker cannot map request bodies (%s); they are copied", e)
         return await loop.run_in_executor(self._decoder, parse_infer_request, body, hlen, model)
