@@ -27,13 +27,14 @@ from typing import Any
 import numpy as np
 
 from veo_edge.builddir import BuildDir
-from veo_edge.errors import InputError, NoBackendError, UsageError
-from veo_edge.runtime.backends.base import Runner, TensorMeta
+from veo_edge.errors import NoBackendError, UsageError
+from veo_edge.runtime.backends.base import Runner
 from veo_edge.runtime.backends.openvino import PERFORMANCE_HINTS
 from veo_edge.runtime.batching import Arrival, Batcher, BatcherStats, ClosedError
 from veo_edge.runtime.fallback import Fallback
 from veo_edge.runtime.faults import FaultPlan, parse_faults
 from veo_edge.runtime.imports import start_import_checks
+from veo_edge.runtime.inputs import InputCheck, check_options
 from veo_edge.runtime.policy import (
     BACKENDS,
     artifacts_of,
@@ -82,31 +83,23 @@ class Runtime:
         # the time rules' clock (default: monotonic seconds since now); a soak passes its run time
         self._fault_plan = FaultPlan(self.faults, clock=fault_clock)
         self.gpu_memory_budget = parse_memory_size(gpu_memory_budget)
-        if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0:
-            raise UsageError(f"gpu must be a device index >= 0, got {gpu!r}")
+        check_options(
+            gpu=gpu,
+            max_queue_delay_ms=max_queue_delay_ms,
+            max_queue=max_queue,
+            threads=threads,
+            recover_interval_s=recover_interval_s,
+            concurrency=concurrency,
+            performance_hint=performance_hint,
+            hints=PERFORMANCE_HINTS,
+        )
         self.gpu = gpu  # the GPU the GPU backends use (TensorRT: cudaSetDevice; the probes: its free memory)
-        if max_queue_delay_ms < 0 or max_queue < 1:
-            raise UsageError(
-                f"max_queue_delay_ms must be >= 0 and max_queue >= 1, got {max_queue_delay_ms} and {max_queue}"
-            )
         self.max_queue_delay_ms = float(max_queue_delay_ms)
         self.max_queue = int(max_queue)
-        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 0):
-            raise UsageError(f"threads must be a count >= 0 (0 or None: the backend's), got {threads!r}")
         self.threads = threads
-        if recover_interval_s is not None and not recover_interval_s > 0:
-            raise UsageError(
-                f"recover_interval_s must be > 0 seconds (or None: never), got {recover_interval_s}"
-            )
         #: how often the recovery clock tries earlier backends and re-warms a healed standby (None: never)
         self.recover_interval_s = recover_interval_s
-        if concurrency is not None and concurrency < 1:
-            raise UsageError(f"concurrency must be >= 1 (batches in flight at once), got {concurrency}")
         self.concurrency = concurrency  # None: what the first active backend runs in parallel
-        if performance_hint not in PERFORMANCE_HINTS:
-            raise UsageError(
-                f"unknown performance hint {performance_hint!r}; choose one of: {', '.join(PERFORMANCE_HINTS)}"
-            )
         # OpenVINO: LATENCY, THROUGHPUT streams in parallel, or ADAPTIVE (both; see backends/openvino.py)
         self.performance_hint = performance_hint
         manifest = self.build.manifest
@@ -117,6 +110,7 @@ class Runtime:
         self.input_name = manifest["inputs"][0]["name"]
         self.input_dtype = np.dtype(manifest["inputs"][0]["dtype"])
         self.output_name = manifest["outputs"][0]["name"]
+        self._input = InputCheck(self.input_name, self.input_shape, self.input_dtype)
 
         # the active runner and its standby behind a gate, the history of skips and switches, the counters
         self._backends = Fallback(
@@ -234,15 +228,7 @@ class Runtime:
         ``counted=False``: a check of the server's own (its canary), left out of :meth:`stats`, as
         Triton leaves its model warm-up out of its statistics (faults and switches still count)."""
         self._require_open()
-        if not isinstance(x, np.ndarray):
-            raise InputError(f"input is a {type(x).__name__}, expected a numpy array")
-        if x.ndim != len(self.input_shape) + 1 or tuple(x.shape[1:]) != self.input_shape or not x.shape[0]:
-            meta = TensorMeta(self.input_name, (None, *self.input_shape), self.input_dtype.name)
-            raise InputError(
-                f"input {self.input_name!r} has shape {tuple(x.shape)}, expected {meta.describe()} "
-                "(N >= 1 is the batch axis)"
-            )
-        self._check_dtype(x)
+        self._input.batch(x)
         outs = []
         for i in range(0, x.shape[0], self.max_batch):
             chunk = np.ascontiguousarray(x[i : i + self.max_batch])
@@ -265,14 +251,7 @@ class Runtime:
         """Queue the samples of a batch ``(N, *input_shape)`` at once, all or none (a full queue raises
         :class:`OverloadedError` and queues nothing); one future per sample."""
         self._require_open()
-        if not isinstance(x, np.ndarray):
-            raise InputError(f"input is a {type(x).__name__}, expected a numpy array")
-        if x.ndim != len(self.input_shape) + 1 or tuple(x.shape[1:]) != self.input_shape or not x.shape[0]:
-            raise InputError(
-                f"input has shape {tuple(x.shape)}, expected (N, {', '.join(map(str, self.input_shape))}) "
-                "with N >= 1"
-            )
-        self._check_dtype(x)
+        self._input.many(x)
         assert self._batcher is not None
         return self._batcher.submit_many(list(x), arrival)
 
@@ -286,29 +265,13 @@ class Runtime:
     def _one(self, sample: np.ndarray) -> np.ndarray:
         """``sample`` checked, shaped ``input_shape``."""
         self._require_open()
-        if not isinstance(sample, np.ndarray):
-            raise InputError(f"sample is a {type(sample).__name__}, expected a numpy array")
-        shape = tuple(sample.shape)
-        if shape not in (self.input_shape, (1, *self.input_shape)):
-            raise InputError(
-                f"sample has shape {shape}, expected one sample of shape {self.input_shape} "
-                f"(or (1, {', '.join(map(str, self.input_shape))})); use infer() for batches"
-            )
-        self._check_dtype(sample)
-        return sample.reshape(self.input_shape)
+        return self._input.sample(sample)
 
     def expect(self, n: int = 1) -> Arrival:
         """Announce ``n`` samples being received (a forming batch may wait); pass it to :meth:`submit`."""
         self._require_open()
         assert self._batcher is not None
         return self._batcher.expect(n)
-
-    def _check_dtype(self, x: np.ndarray) -> None:
-        if x.dtype != self.input_dtype:
-            raise InputError(
-                f"input has dtype {x.dtype}, expected {self.input_dtype}; convert it with "
-                f".astype(np.{self.input_dtype})"
-            )
 
     def _require_open(self) -> None:
         if self._closed:
