@@ -19,7 +19,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,40 +29,13 @@ from veo_edge.export.canary import CanaryResult
 from veo_edge.serve import extensions, outcomes
 from veo_edge.serve.alone import LoneRequests
 from veo_edge.serve.canary_wire import encode_canary
-from veo_edge.serve.control import AccessPolicy
 from veo_edge.serve.health import build_identity
 from veo_edge.serve.metrics import HttpCounters, ServeCollector, make_registry
+from veo_edge.serve.options import ServeOptions
 from veo_edge.serve.protocol import InferRequest, ModelSpec, ProtocolError, load_labels
 from veo_edge.serve.readiness import ReadinessCheck
-from veo_edge.serve.transport import Limits
 
 log = logging.getLogger("veo_edge.serve")
-
-
-@dataclass
-class ServeOptions:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    model_name: str | None = None
-    limits: Limits = field(default_factory=Limits)
-    #: an infer request not answered within this many seconds gets a 504
-    infer_timeout_s: float = 60.0
-    drain_timeout_s: float = 30.0
-    #: while not ready after a failure, re-check (recover, canary) this often
-    recheck_interval_s: float = 1.0
-    #: KServe v2 gRPC port (Triton's 8001; 0: any free port; None: no gRPC)
-    grpc_port: int | None = None
-    #: a separate Prometheus port (Triton's 8002; 0: any free port; None: only /metrics on the HTTP port)
-    metrics_port: int | None = None
-    #: before serving (and after a repository load), warm every batch size: ``Runtime.warm_up``
-    warmup: bool = False
-    #: Triton's shared-memory extension (``serve --shared-memory``; see :mod:`veo_edge.serve.shm`)
-    shared_memory: bool = False
-    #: model control mode and the API groups behind a bearer token (:mod:`veo_edge.serve.control`)
-    access: AccessPolicy = field(default_factory=AccessPolicy)
-    #: a lone request runs on the event loop's thread while the model's lone requests take at most this
-    #: many ms, the median of the last 5 (0: never; :mod:`veo_edge.serve.alone`)
-    lone_max_ms: float = 50.0
 
 
 class InferenceService:
@@ -163,34 +135,7 @@ class InferenceService:
 
     def readiness(self) -> dict[str, Any]:
         """The readiness report: ``ready`` and, when not, ``reason`` (what a probe and a person need)."""
-        runtime = self.runtime
-        state = runtime.state.to_dict() if runtime is not None else {}
-        backend = state.get("active_backend")
-        reasons = []
-        if self.draining:
-            reasons.append("the server is shutting down")
-        if runtime is None:
-            reasons.append(
-                f"model {self.model.name!r} is unloaded; POST /v2/repository/models/{self.model.name}/load"
-            )
-        else:
-            reasons += self.check.reasons(state)
-        body: dict[str, Any] = {
-            "ready": not reasons,
-            "model": self.model.name,
-            "active_backend": backend,
-            # the warm one a failed batch is re-run on (None: no second backend here, or still warming)
-            "standby_backend": runtime.standby_backend if runtime is not None else None,
-            "fallback": {
-                "count": state.get("fallback_count", 0),
-                "switches": state.get("switches", []),
-                "skipped": state.get("skipped", []),
-            },
-            "canary": self.check.result.to_dict() if self.check.result else None,
-        }
-        if reasons:
-            body["reason"] = "; ".join(reasons)
-        return body
+        return self.check.report(self.runtime, self.model.name, self.draining)
 
     def is_ready(self) -> bool:
         return bool(self.readiness()["ready"])

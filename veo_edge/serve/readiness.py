@@ -169,6 +169,34 @@ class ReadinessCheck:
             self.wake.set()
         return reasons
 
+    def report(self, runtime: Any, model: str, draining: bool) -> dict[str, Any]:
+        """The readiness body of ``model`` served by ``runtime`` (None: unloaded): ``ready`` and, when
+        not, ``reason`` (what a probe and a person need), the backends, the fallback and the canary."""
+        state = runtime.state.to_dict() if runtime is not None else {}
+        reasons = []
+        if draining:
+            reasons.append("the server is shutting down")
+        if runtime is None:
+            reasons.append(f"model {model!r} is unloaded; POST /v2/repository/models/{model}/load")
+        else:
+            reasons += self.reasons(state)
+        body: dict[str, Any] = {
+            "ready": not reasons,
+            "model": model,
+            "active_backend": state.get("active_backend"),
+            # the warm one a failed batch is re-run on (None: no second backend here, or still warming)
+            "standby_backend": runtime.standby_backend if runtime is not None else None,
+            "fallback": {
+                "count": state.get("fallback_count", 0),
+                "switches": state.get("switches", []),
+                "skipped": state.get("skipped", []),
+            },
+            "canary": self.result.to_dict() if self.result else None,
+        }
+        if reasons:
+            body["reason"] = "; ".join(reasons)
+        return body
+
     def backend_failed(self, reason: str) -> None:
         self.backend_failure = reason
         if self.wake is not None:
