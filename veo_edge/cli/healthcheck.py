@@ -51,8 +51,9 @@ def healthcheck(
         report = check_local(str(build_dir), timeout=timeout)
     else:
         golden = str(build_dir) if build_dir else os.environ.get("VEO_EDGE_BUILD_DIR") or None
+        source = "--build-dir" if build_dir else "VEO_EDGE_BUILD_DIR"  # what its errors name
         token = load_token(token_file)
-        report = check_server(url or DEFAULT_URL, golden, model_name, timeout=timeout, token=token)
+        report = check_server(url or DEFAULT_URL, golden, model_name, timeout, token, build_dir_from=source)
     if json_out:
         print_json(report)
     else:

@@ -100,15 +100,18 @@ def build_identity(build: BuildDir) -> str:
     return sha256_file(build.path / MANIFEST_NAME)
 
 
-def _same_build(build: BuildDir, params: dict[str, Any], url: str) -> None:
-    """Refuse a ``--build-dir`` that is not the build the server serves: its canary rule is not the
-    served one (an int8 build's loose rule passed a server of an f32 build)."""
+def _same_build(build: BuildDir, params: dict[str, Any], url: str, source: str = "--build-dir") -> None:
+    """Refuse a golden build directory that is not the build the server serves: its canary rule is not
+    the served one (an int8 build's loose rule passed a server of an f32 build). ``source``: where the
+    directory came from (``--build-dir``, or the environment variable that named it)."""
     served, mine = params.get("manifest_sha256"), build_identity(build)
     if served and served != mine:  # a server that does not name its build (Triton, older) is not checked
+        given = f"--build-dir {build.path}" if source == "--build-dir" else f"{source}={build.path}"
+        drop = "leave --build-dir out" if source == "--build-dir" else f"unset {source}"
         raise WrongBuildError(
-            f"--build-dir {build.path} is not the build the server at {url} serves (manifest sha256 "
+            f"{given} is not the build the server at {url} serves (manifest sha256 "
             f"{mine[:12]}..., the server's {served[:12]}...): its golden canary and rule are not the served "
-            "model's; give the server's own build directory, or leave --build-dir out to use the server's canary"
+            f"model's; give the server's own build directory, or {drop} to use the server's canary"
         )
 
 
@@ -229,12 +232,15 @@ def check_server(
     model_name: str | None = None,
     timeout: float = 10.0,
     token: str | None = None,
+    build_dir_from: str = "--build-dir",
 ) -> dict[str, Any]:
     """Live, ready, then a canary inference through the server; the report dict, or a HealthError.
 
     The golden canary comes from ``build_dir`` when given, else from the server's
     ``/v2/models/{name}/canary`` (the one it read from its own build directory). ``token``: the bearer
-    token of a server whose health, metadata or inference API is restricted (``--restrict-api``)."""
+    token of a server whose health, metadata or inference API is restricted (``--restrict-api``).
+    ``build_dir_from``: where ``build_dir`` came from, as its errors name it (``--build-dir``, or the
+    environment variable ``VEO_EDGE_BUILD_DIR``)."""
 
     def run() -> dict[str, Any]:
         client = _Client(url, time.monotonic() + timeout, token)
@@ -285,7 +291,7 @@ def check_server(
         def rule(params: dict[str, Any]) -> Canary:
             """The golden canary by the rule of the precision the server serves (f32 after a fallback)."""
             if build is not None:
-                _same_build(build, params, url)
+                _same_build(build, params, url, build_dir_from)
                 return load_canary(build, _served_precision(params))
             status, headers, body = client.request(
                 "GET", f"/v2/models/{name}/canary", headers={"Accept": BINARY}

@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         token_file = os.environ.get(TOKEN_FILE_ENV)
         token = load_token(Path(token_file) if token_file else None)
-        report = check_server(args.url, golden, args.model_name, timeout=args.timeout, token=token)
+        report = check_server(
+            args.url, golden, args.model_name, args.timeout, token, build_dir_from="VEO_EDGE_BUILD_DIR"
+        )
     except VeoEdgeError as e:
         print(f"error: {one_line(e)}", file=sys.stderr)
         return e.exit_code
