@@ -191,11 +191,20 @@ class ReadinessCheck:
                 "switches": state.get("switches", []),
                 "skipped": state.get("skipped", []),
             },
-            "canary": self.result.to_dict() if self.result else None,
+            "canary": self.canary_report(),
         }
         if reasons:
             body["reason"] = "; ".join(reasons)
         return body
+
+    def canary_report(self) -> dict[str, Any] | None:
+        """The canary's last result for the ready body: its comparison; when it raised instead of
+        answering, ``ok`` false, the backend and why in one line (``raised``); None: it has not run."""
+        if self.result is not None:
+            return self.result.to_dict()
+        if self.error is not None:
+            return {"ok": False, "backend": self.backend, "raised": short(self.error, 300)}
+        return None
 
     def backend_failed(self, reason: str) -> None:
         self.backend_failure = reason
