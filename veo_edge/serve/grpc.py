@@ -278,6 +278,7 @@ class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServic
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         request, raw, size = request if isinstance(request, tuple) else (request, None, 0)
         if request is None:
+            self.service.rejected(None, "grpc", 400)  # no model is known from a message that did not decode
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, raw)
         try:  # the message's bytes count against --max-buffered-bytes until it is answered, as a body's do
             if self.budget is not None:
@@ -296,8 +297,8 @@ class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServic
         arrival = self.service.expect(request.model_name)  # a batch forming now may wait for it
         lease = None
         try:
-            model = self.service.model_spec(request.model_name, version)
             try:
+                model = self.service.model_spec(request.model_name, version)
                 parsed = parse_infer_request(request, model, raw)
                 lease = self.shm.attach(parsed)  # shared-memory inputs become arrays; 400 for a bad region
             except ProtocolError as e:

@@ -41,6 +41,8 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, access: AccessPolicy) -> None:
         self.access = access
+        #: (model name, HTTP status) of a refused ModelInfer, to count it (set by the server's start)
+        self.refused: Any = None
 
     async def intercept_service(self, continuation: Any, details: Any) -> Any:
         method = details.method.rsplit("/", 1)[-1]
@@ -48,10 +50,13 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
         try:
             self.access.check(method, GRPC_GROUPS.get(method), auth)
         except ProtocolError as e:
-            code, message = status_code(e), str(e)
+            code, message, status = status_code(e), str(e), e.status
             handler = await continuation(details)
 
             async def deny(request: Any, context: Any) -> Any:
+                if method == "ModelInfer" and self.refused is not None:
+                    message_ = request[0] if isinstance(request, tuple) else request
+                    self.refused(getattr(message_, "model_name", None), status)
                 await context.abort(code, message)
 
             if handler is None or handler.unary_unary is None:  # streaming RPCs: none is implemented

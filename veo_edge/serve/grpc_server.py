@@ -37,8 +37,9 @@ class GrpcServer:
 
     async def bind(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0: a free port); returns the bound port. Call on the serving loop."""
+        self._interceptor = AccessInterceptor(self.access)
         server = grpc.aio.server(
-            interceptors=[AccessInterceptor(self.access)] if self.access.restricted else None,
+            interceptors=[self._interceptor] if self.access.restricted else None,
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", self.max_message_bytes),
@@ -61,6 +62,9 @@ class GrpcServer:
     async def start(self, service: Any) -> None:
         """Serve ``service`` (one model or several) on the bound port."""
         handlers = _handlers(InferenceServicer(service, self.shm, self.access, self.budget))
+        self._interceptor.refused = lambda name, status: service.rejected(
+            name, "grpc", status, "UNAUTHORIZED"
+        )
         self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         if hasattr(self._server, "add_registered_method_handlers"):  # grpcio >= 1.63: looked up first
             self._server.add_registered_method_handlers(SERVICE, handlers)

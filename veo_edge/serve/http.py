@@ -37,6 +37,8 @@ _MODEL = r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?"
 _REPO = r"/v2/repository/models/(?P<name>[^/]+)"
 _SHM = r"/v2/(?P<kind>system|cuda)sharedmemory"
 _REGION = r"/region/(?P<region>[^/]+)"
+#: an infer request's refusal by the transport -> nv_inference_request_failure's reason (else INVALID)
+_REASONS = {401: "UNAUTHORIZED", 403: "UNAUTHORIZED", 503: "REJECTED"}
 #: (route name, path pattern, methods); the route name is the metrics label
 ROUTES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     (name, re.compile(f"^{pattern}$"), methods)
@@ -164,6 +166,8 @@ class HttpApp:
                 close = False
             except HttpError as e:
                 status, headers, payload, close = e.status, [], error_body(str(e)), e.close
+                if route == "model_infer":  # refused before the service saw it: 401/403, 413, 503, ...
+                    self.service.rejected(params["name"], "http", status, _REASONS.get(status, "INVALID"))
                 if status == 401:
                     headers = [(b"www-authenticate", b'Bearer realm="veo-edge"')]
             except ProtocolError as e:
@@ -277,7 +281,11 @@ class HttpApp:
 
     async def _infer(self, scope, params, body):
         name, version = params["name"], params.get("version")
-        model = self.service.model_spec(name, version)
+        try:
+            model = self.service.model_spec(name, version)
+        except ProtocolError as e:  # 404: no such model or version
+            self.service.rejected(name, "http", e.status)
+            raise
         hlen = None
         for k, v in scope["headers"]:
             if k == b"inference-header-content-length":

@@ -218,20 +218,20 @@ class ImageModels:
     def _base(self, name: str) -> str:
         return self.companions.get(name, name)
 
-    def rejected(self, name: str, protocol: str, status: int, reason: str = "INVALID") -> None:
+    def rejected(self, name: str | None, protocol: str, status: int, reason: str = "INVALID") -> None:
         """Count a request to model ``name`` refused before inference (unparsable, a bad shared-memory
-        region, an undecodable picture; ``REJECTED``: over --max-buffered-bytes) in the model's own
-        counters (its /metrics, a model set too): ``nv_inference_request_failure{reason}`` and
-        ``veo_edge_infer_requests{protocol,code}``. A model the server does not have is counted nowhere."""
-        base = self._base(name)
+        region, an undecodable picture, over a limit, unauthorized; ``REJECTED``: over
+        --max-buffered-bytes) in the model's own counters (its /metrics, a model set too):
+        ``nv_inference_request_failure{reason}`` and ``veo_edge_infer_requests{protocol,code}``. One
+        refused before a model of the server was known (``name`` None: the message did not decode; or
+        an unknown model) counts in the server's ``veo_edge_infer_requests`` under model ""."""
+        base = self._base(name) if name is not None else None
         if hasattr(self.inner, "services"):  # a model set: the model's own service
-            try:
-                one = self.inner.service(base)
-            except ProtocolError:
-                return
-        elif base == self.inner.model.name:
-            one = self.inner
+            one = self.inner.services.get(base)
         else:
+            one = self.inner if base == self.inner.model.name else None
+        if one is None:
+            self.inner.counters.infer_unrouted[(protocol, status)] += 1
             return
         one.counters.infer_rejected[reason] += 1
         one.counters.infer_requests[(protocol, status)] += 1

@@ -59,6 +59,9 @@ class HttpCounters:
         self.responses: Counter[tuple[str, int]] = Counter()
         self.infer_rejected: Counter[str] = Counter()  # reason -> count: INVALID, REJECTED (overload), ...
         self.infer_requests: Counter[tuple[str, int]] = Counter()  # (protocol, status) -> requests
+        #: (protocol, status) -> inference requests refused before a model of the server was known (a
+        #: message that did not decode, an unknown model): counted with model and version ""
+        self.infer_unrouted: Counter[tuple[str, int]] = Counter()
         self.times = RequestTimes()
 
 
@@ -227,6 +230,7 @@ class ServeCollector:
         )
         for (protocol, code), n in sorted(self.http.infer_requests.items()):
             requests.add_metric([*mv, protocol, str(code)], n)
+        add_unrouted(requests, self.http)
         yield requests
         ready = GaugeMetricFamily(
             "veo_edge_ready", "1 when the model is ready (backend up, canary matched)", labels=ml
@@ -307,6 +311,26 @@ def _fault_metrics(s: dict[str, Any], ml: list[str], mv: list[str]):
     if s.get("standby_backend"):
         standby.add_metric([*mv, str(s["standby_backend"])], 1)
     yield standby
+
+
+def infer_requests_family(counters: HttpCounters):
+    """``veo_edge_infer_requests`` with only the refusals no model was known for (a model set's own)."""
+    from prometheus_client.core import CounterMetricFamily
+
+    family = CounterMetricFamily(
+        "veo_edge_infer_requests",
+        "Inference requests by protocol and outcome, as an HTTP status (200: answered; 400: refused unparsed)",
+        labels=["model", "version", "protocol", "code"],
+    )
+    add_unrouted(family, counters)
+    return family
+
+
+def add_unrouted(family: Any, counters: HttpCounters) -> None:
+    """The requests refused before a model was known, under model and version "" (never the name a
+    client sent: the label set stays bounded)."""
+    for (protocol, code), n in sorted(counters.infer_unrouted.items()):
+        family.add_metric(["", "", protocol, str(code)], n)
 
 
 def make_registry(collector: ServeCollector):

@@ -229,7 +229,8 @@ class MergedCollector:
 
 
 class _CountersCollector:
-    """The transports' response counts of a model set (the per-model collectors see none of them)."""
+    """The transports' response counts of a model set, and its inference requests refused before a model
+    was known (the per-model collectors see none of them)."""
 
     def __init__(self, counters: Any) -> None:
         self.counters = counters
@@ -243,6 +244,9 @@ class _CountersCollector:
         for (endpoint, code), n in sorted(self.counters.responses.items()):
             http.add_metric([endpoint, str(code)], n)
         yield http
+        from veo_edge.serve.metrics import infer_requests_family
+
+        yield infer_requests_family(self.counters)  # requests refused before a model was known
 
 
 def _counters_registry(counters: Any) -> Any:
