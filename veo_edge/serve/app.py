@@ -198,11 +198,13 @@ class InferenceService:
     ) -> tuple[bytes, int | None]:
         """The golden canary (for ``veo-edge healthcheck`` without a build directory) as JSON, or with
         ``binary`` in its binary form and the length of its header; cached. Its rule is that of the
-        precision the active backend serves (an int8 build on ONNX Runtime: f32), both named in the body;
-        with none active, the build's own (backend and precision null)."""
+        precision the active backend serves (an int8 build on ONNX Runtime: f32), both named in the body.
+        With none active no rule is served, and nothing would answer the canary: 503, as infer answers."""
         self.model_spec(name, version)
         backend = self._backend()
-        precision = self._precision() if backend else None
+        if backend is None:
+            raise ProtocolError(self._no_backend(name), 503)
+        precision = self._precision()
         key = (binary, backend, precision)
         if key not in self._canary_bodies:
             try:
@@ -212,6 +214,14 @@ class InferenceService:
             about = {"backend": backend, "precision": precision}
             self._canary_bodies[key] = encode_canary(canary, binary, about)
         return self._canary_bodies[key]
+
+    def _no_backend(self, name: str) -> str:
+        if self.runtime is None:
+            return f"model {name!r} is unloaded; POST /v2/repository/models/{name}/load"
+        return (
+            f"no backend is active for model {name!r}, so no canary rule is served and none would answer it "
+            "(GET /v2/health/ready says why); retry when the model is ready"
+        )
 
     # -- statistics -----------------------------------------------------------------------------
     def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:

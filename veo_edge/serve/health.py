@@ -296,6 +296,8 @@ def check_server(
             status, headers, body = client.request(
                 "GET", f"/v2/models/{name}/canary", headers={"Accept": BINARY}
             )
+            if status == 503:  # no backend active (or unloaded) since it said ready: not ready now
+                raise NotReadyError(f"model {name!r} is not ready at {url} (HTTP 503): {_error_of(body)}")
             if status != 200:
                 raise CanaryMismatchError(f"the server has no canary for {name!r}: {_error_of(body)}")
             hlen = headers.get("inference-header-content-length")
