@@ -107,6 +107,11 @@ async def _serve(runtimes, makers, options, listeners, grpc_server, app_args, on
     server = HttpServer(app, options.limits, app.count_rejection)
 
     def listening(port: int) -> None:
+        if service.draining:  # a signal came as it started: its drain was logged, so no ready line now
+            log.info("veo-edge stops before it took a request: the drain began as it started")
+            if on_listening is not None:
+                on_listening(port)
+            return
         for name, svc in services.items():
             ready = svc.readiness()
             skipped = "; ".join(
