@@ -39,7 +39,7 @@ import numpy as np
 
 from veo_edge.errors import BackendError, InputError, NoBackendError, UsageError, VeoEdgeError
 from veo_edge.runtime.candidates import Candidates
-from veo_edge.runtime.state import CandidateStatus, Held, Throttled, fault_kind, release, short
+from veo_edge.runtime.state import CandidateStatus, Held, Throttled, concurrency, fault_kind, release, short
 
 __all__ = ["SWITCH_AFTER", "Fallback"]
 
@@ -241,6 +241,15 @@ class Fallback(Candidates):
         log.warning("backend %s usable again; switched back from %s", self.names[i], frm)
         self._prepare_in_background()
         return True
+
+    def warm_up(self, sizes: list[int]) -> int:
+        """Every batch size in ``sizes`` once on the active runner, alone (the exclusive gate: no batch
+        runs, no backend switches meanwhile); the infer requests it created."""
+        with self.gate:
+            runner = self.runner
+            if runner is None:
+                raise NoBackendError("no backend is active to warm up (each failed, or it is closed)")
+            return runner.warm_up(sizes, concurrency(runner))
 
     def deactivate(self) -> None:
         """Release every activated runner (under the exclusive side of the gate); none is active after."""

@@ -1,9 +1,10 @@
-"""What the runtime takes: its constructor's numbers checked, and each request's input checked against
+"""What the runtime takes: its constructor's numbers and warm-up sizes checked, and each request's input checked against
 the build's one input (shape, dtype) before it reaches the batcher or a backend. Pure checks, each a
 :class:`~veo_edge.errors.UsageError` or :class:`~veo_edge.errors.InputError` that says what to send."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,16 @@ def check_options(
         raise UsageError(f"concurrency must be >= 1 (batches in flight at once), got {concurrency}")
     if performance_hint not in hints:
         raise UsageError(f"unknown performance hint {performance_hint!r}; choose one of: {', '.join(hints)}")
+
+
+def warm_sizes(sizes: Sequence[int] | None, max_batch: int) -> list[int]:
+    """The batch sizes a warm-up runs (None: ``1..max_batch``), sorted, each refused outside that range."""
+    out = sorted(set(int(b) for b in (range(1, max_batch + 1) if sizes is None else sizes)))
+    if not out or not 1 <= out[0] <= out[-1] <= max_batch:
+        raise UsageError(
+            f"warm-up batch sizes must lie in 1..{max_batch} (the build's --max-batch or max_batch)"
+        )
+    return out
 
 
 class InputCheck:

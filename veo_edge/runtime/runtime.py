@@ -27,14 +27,14 @@ from typing import Any
 import numpy as np
 
 from veo_edge.builddir import BuildDir
-from veo_edge.errors import NoBackendError, UsageError
+from veo_edge.errors import UsageError
 from veo_edge.runtime.backends.base import Runner
 from veo_edge.runtime.backends.openvino import PERFORMANCE_HINTS
 from veo_edge.runtime.batching import Arrival, Batcher, BatcherStats, ClosedError
 from veo_edge.runtime.fallback import Fallback
 from veo_edge.runtime.faults import FaultPlan, parse_faults
 from veo_edge.runtime.imports import start_import_checks
-from veo_edge.runtime.inputs import InputCheck, check_options
+from veo_edge.runtime.inputs import InputCheck, check_options, warm_sizes
 from veo_edge.runtime.policy import (
     BACKENDS,
     artifacts_of,
@@ -170,19 +170,9 @@ class Runtime:
         ADAPTIVE; README). Nothing runs meanwhile. A standby was warmed at the largest batch when it
         was activated, and warms the other sizes as it serves. Returns what was warmed: backend, batch sizes, infer requests created, seconds."""
         self._require_open()
-        if sizes is None:
-            sizes = range(1, self.max_batch + 1)
-        sizes = sorted(set(int(b) for b in sizes))
-        if not sizes or not 1 <= sizes[0] <= sizes[-1] <= self.max_batch:
-            raise UsageError(
-                f"warm-up batch sizes must lie in 1..{self.max_batch} (the build's --max-batch or max_batch)"
-            )
+        sizes = warm_sizes(sizes, self.max_batch)
         start = time.perf_counter()
-        with self._backends.gate:  # exclusive: no batch runs, no backend switches while warming
-            runner = self._backends.runner
-            if runner is None:
-                raise NoBackendError("no backend is active to warm up (each failed, or it is closed)")
-            created = runner.warm_up(sizes, concurrency(runner))
+        created = self._backends.warm_up(sizes)  # exclusive: no batch runs, no switch meanwhile
         if self._batcher is not None:
             self._batcher.warm_up()
         report = {
