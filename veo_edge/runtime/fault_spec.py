@@ -33,10 +33,12 @@ Spec keys (all optional):
 ``leak_bytes_per_call`` (int N)
     every call keeps N more bytes alive (written, so resident) for as long as the runner lives: a planted
     leak of a known rate, for ``veo-edge soak`` to find.
-``error`` ("oom" | "device_lost" | "backend", default "oom")
+``error`` ("oom" | "device_lost" | "backend" | "wrong", default "oom")
     what an injected failure raises: :class:`InjectedOutOfMemoryError` (a
     :class:`~veo_edge.errors.CudaOutOfMemoryError`, the class the TensorRT path raises for a real CUDA
-    OOM), :class:`InjectedDeviceLostError` or a plain :class:`InjectedBackendError`.
+    OOM), :class:`InjectedDeviceLostError` or a plain :class:`InjectedBackendError`; ``"wrong"`` raises
+    nothing: the call answers, wrongly (the real output plus 1 in every value), as a backend with
+    corrupt weights in memory or a failing device would, for the golden canary to notice.
 
 A backend may also take a list of specs, each with its own ``error``::
 
@@ -65,7 +67,7 @@ from veo_edge.errors import UsageError
 
 ENV_VAR = "VEO_EDGE_FAULTS"
 ALL = "*"
-_ERRORS = ("oom", "device_lost", "backend")
+_ERRORS = ("oom", "device_lost", "backend", "wrong")
 TIME_KEYS = ("every_s", "after_s", "once_at_s")
 
 

@@ -200,6 +200,8 @@ class FaultyRunner(Runner):
             spec, rule = fired
             with self._lock:
                 self.injected += 1
+            if spec.error == "wrong":  # it answers, wrongly: only a canary (readiness, warm-up) notices
+                return {k: v + 1.0 for k, v in self.inner.infer(feed).items()}
             msg = f"{self.label}: injected fault on call {n} ({rule})"
             if spec.error == "oom":
                 raise InjectedOutOfMemoryError(f"CUDA out of memory: {msg}")

@@ -1,0 +1,79 @@
+"""The server's own canary, beyond the start: run once more before a wrong answer costs a backend its
+traffic (a first wrong answer that is right the second time keeps it); a later re-check's wrong answer
+(after a request failed on every backend) moves traffic off the backend.
+
+Wrong answers are real runners' answers made wrong by the fault configuration (``"error": "wrong"``:
+the real output plus 1 in every value), on the calls the configuration names: with ``--policy
+openvino,onnxruntime`` openvino's call 1 is the start canary (the first backend is not warm-checked) and
+onnxruntime's call 1 its warm-up as the standby."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from veo_edge.serve.protocol import encode_infer_request
+
+INFER = "/v2/models/vit-nano/infer"
+POLICY = ("--policy", "openvino,onnxruntime")
+
+
+def _serve(serve, build, faults: dict, **kw):
+    return serve(build, *POLICY, env={"VEO_EDGE_FAULTS": json.dumps(faults)}, **kw)
+
+
+def _infer(server) -> int:
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    body, hlen = encode_infer_request({"input": x})
+    return server.request("POST", INFER, body, {"Inference-Header-Content-Length": str(hlen)})[0]
+
+
+def _wait_ready_on(server, backend: str, timeout: float = 60.0) -> dict:
+    """Poll readiness (each poll wakes the re-checker) until it is 200 on ``backend``; a bound on a hang."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status, ready = server.get_json("/v2/health/ready")
+        if (status == 200 and ready["active_backend"] == backend) or time.monotonic() > deadline:
+            assert status == 200 and ready["active_backend"] == backend, ready
+            return ready
+        time.sleep(0.1)
+
+
+def test_a_first_wrong_canary_answer_that_is_right_again_keeps_the_traffic(serve, nano_build):
+    faults = {"openvino": {"oom_after": 0, "recover_after": 1, "error": "wrong"}}  # call 1 only
+    server = _serve(serve, nano_build, faults)
+    status, ready = server.get_json("/v2/health/ready")
+    assert status == 200 and ready["active_backend"] == "openvino", ready
+    assert ready["fallback"] == {"count": 0, "switches": [], "skipped": []}, ready
+    assert ready["canary"]["ok"] is True and ready["standby_backend"] == "onnxruntime"
+    assert _infer(server) == 200
+    log = server.log.read_text()
+    first = log.index(" WARNING not ready: canary failed on openvino: canary max abs error")
+    assert log.index("canary matched on openvino: ready") > first
+    assert "traffic moved" not in log
+
+
+def test_a_later_recheck_whose_canary_is_wrong_moves_traffic_off_the_backend(serve, nano_build):
+    faults = {
+        # call 1: the start canary, right; 2 and 3 (a request, and its last retry) raise; then wrong
+        "openvino": [
+            {"oom_after": 1, "recover_after": 3, "error": "backend"},
+            {"oom_after": 3, "error": "wrong"},
+        ],
+        "onnxruntime": {"oom_after": 1, "recover_after": 2, "error": "backend"},  # the request's retry
+    }
+    server = _serve(serve, nano_build, faults)
+    status, ready = server.get_json("/v2/health/ready")
+    assert status == 200 and ready["active_backend"] == "openvino" and ready["fallback"]["count"] == 0
+    assert _infer(server) == 500  # failed on every backend: readiness re-checks, and the canary is wrong
+    ready = _wait_ready_on(server, "onnxruntime")
+    (switch,) = ready["fallback"]["switches"]
+    assert (switch["from"], switch["to"]) == ("openvino", "onnxruntime"), switch
+    assert switch["reason"].startswith("canary mismatch: canary max abs error"), switch
+    assert ready["canary"]["ok"] is True
+    assert _infer(server) == 200
+    log = server.log.read_text()
+    assert " WARNING not ready: canary failed on openvino: canary max abs error" in log
+    assert "backend openvino failed (canary mismatch: canary max abs error" in log
