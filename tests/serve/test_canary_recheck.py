@@ -1,6 +1,9 @@
 """The server's own canary, beyond the start: run once more before a wrong answer costs a backend its
 traffic (a first wrong answer that is right the second time keeps it); a later re-check's wrong answer
-(after a request failed on every backend) moves traffic off the backend.
+(after a request failed on every backend) moves traffic off the backend; and a wrong answer given by the
+standby in place of an active backend that failed the canary's batch is the standby's: the standby is
+dropped and named, the active backend keeps its traffic (it was blamed, and traffic moved to the standby
+that had answered wrongly).
 
 Wrong answers are real runners' answers made wrong by the fault configuration (``"error": "wrong"``:
 the real output plus 1 in every value), on the calls the configuration names: with ``--policy
@@ -77,3 +80,24 @@ def test_a_later_recheck_whose_canary_is_wrong_moves_traffic_off_the_backend(ser
     log = server.log.read_text()
     assert " WARNING not ready: canary failed on openvino: canary max abs error" in log
     assert "backend openvino failed (canary mismatch: canary max abs error" in log
+
+
+def test_a_standby_answering_wrongly_for_a_failed_active_backend_is_the_one_dropped(serve, nano_build):
+    faults = {
+        "openvino": {"oom_after": 0, "recover_after": 2, "error": "backend"},  # the canary's batch, twice
+        "onnxruntime": {"oom_after": 1, "error": "wrong"},  # right at its warm-up, wrong after
+    }
+    server = _serve(serve, nano_build, faults)
+    status, ready = server.get_json("/v2/health/ready")
+    assert status == 200 and ready["active_backend"] == "openvino", ready
+    assert ready["fallback"]["switches"] == [] and ready["fallback"]["count"] == 0, ready
+    assert ready["standby_backend"] is None, ready  # dropped, and not warmed again before its backoff
+    assert ready["canary"]["ok"] is True
+    assert _infer(server) == 200
+    log = server.log.read_text()
+    assert (
+        " WARNING not ready: canary failed on onnxruntime: canary max abs error" in log
+        and "it answered in place of openvino, which failed the batch: it is dropped as a standby" in log
+    ), log
+    assert " WARNING standby onnxruntime dropped: it answered the canary wrongly (canary mismatch:" in log
+    assert "canary failed on openvino" not in log and "backend openvino failed (canary" not in log

@@ -24,7 +24,8 @@ The rules (docs/serving.md, "Faults, retries and fallback"):
   consecutive failed calls (a success resets the count), then traffic moves to the standby. A standby
   that fails the same way is dropped and the one after it prepared.
 - **Wrong answer.** The active backend whose golden canary does not match (the server's readiness
-  check runs it) is switched away from at once (:meth:`Fallback.reject`), as a lost device is.
+  check runs it) is switched away from at once (:meth:`Fallback.reject`), as a lost device is; a standby
+  that answered it wrongly in the active one's place (a retry of the canary's failed batch) is dropped.
 - **Recovery** (the runtime's clock). After a switch the candidates ahead of the active one are tried
   again, each warmed beside the traffic; one that is refused again waits twice as long before the next
   attempt, up to :data:`~veo_edge.runtime.recovery.BACKOFF_MAX` intervals (a dropped or refused standby
@@ -34,6 +35,7 @@ The rules (docs/serving.md, "Faults, retries and fallback"):
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 
@@ -63,8 +65,10 @@ class Fallback(Candidates):
     one and back to a recovered one (the module docstring). Made as :class:`Candidates` is."""
 
     # -- running a batch --------------------------------------------------------------------------
-    def run(self, feed: dict[str, np.ndarray], output: str) -> np.ndarray:
-        """One batch on the active backend, retried on the candidates after it (the module docstring)."""
+    def run(self, feed: dict[str, np.ndarray], output: str, answered: list[Any] | None = None) -> np.ndarray:
+        """One batch on the active backend, retried on the candidates after it (the module docstring).
+        ``answered``: given a list, the name of the backend that answered and the precision it computes
+        at are appended to it (the active one, or the one a retry ran on: the canary is judged by it)."""
         with self.gate.shared():
             index = self._active
             held = self._held.get(index) if index is not None else None
@@ -73,8 +77,12 @@ class Fallback(Candidates):
                     "no backend is active (each failed, or the runtime is closed); the runtime's state says why"
                 )
             out, error = self._attempt(index, held, feed, output)
+            by = index
             if error is not None:
-                out = self._retry(index, held, error, feed, output)
+                out, by = self._retry(index, held, error, feed, output)
+            if answered is not None and out is not None:
+                runner = self._held[by].runner if by in self._held else None
+                answered += [self.names[by], runner.describe().get("precision") if runner else None]
         self._settle()
         if out is None:
             assert error is not None
@@ -102,7 +110,8 @@ class Fallback(Candidates):
 
     def _retry(
         self, index: int, held: Held, error: BaseException, feed: dict[str, np.ndarray], output: str
-    ) -> np.ndarray | None:
+    ) -> tuple[np.ndarray | None, int]:
+        """The batch's answer (None: failed everywhere) and the candidate that gave it."""
         for j in range(index + 1, len(self.names) if self.fallback else 0):
             standby = self._standby(j)
             if standby is None:
@@ -110,12 +119,12 @@ class Fallback(Candidates):
             out, err = self._attempt(j, standby, feed, output)
             self.tally.retry(self.names[j], err is None)
             if err is None:
-                return out
+                return out, j
         if fault_kind(error) != "device_lost" and self._held.get(index) is held:
             out, err = self._attempt(index, held, feed, output)  # transient: once more where it failed
             self.tally.retry(self.names[index], err is None)
-            return out
-        return None
+            return out, index
+        return None, index
 
     def _fault(self, index: int, held: Held, error: BaseException) -> None:
         """Count a failed call; mark the switch (the active) or the drop (a standby) it calls for."""
@@ -167,22 +176,42 @@ class Fallback(Candidates):
             self._prepare_in_background()
 
     def reject(self, name: str, reason: str) -> str | None:
-        """The active backend ``name`` answered the golden canary wrongly (``reason``): move traffic off it
-        now, to its warm standby, else the next candidate that passes its warm-up, counted as a switch
-        away from a failing backend. It is tried again only after its backoff (also with none active;
-        never without a recovery clock), and takes traffic back only by passing its warm-up canary.
-        Returns the backend active after (None: none passed; batches then get :class:`NoBackendError`)."""
+        """Backend ``name`` answered the golden canary wrongly (``reason``). The active one: move traffic
+        off it now, to its warm standby, else the next candidate that passes its warm-up, counted as a
+        switch away from a failing backend. A standby (the active one failed the canary's batch and a
+        retry ran on it): drop it; traffic stays. Either is tried again only after its backoff (also with
+        none active; never without a recovery clock), and takes traffic back only by passing its warm-up
+        canary. Returns the backend active after (None: none passed; batches then get
+        :class:`NoBackendError`)."""
         with self.gate:
             index = self._active
-            if self._closed or index is None or self.names[index] != name:
-                return self.active_backend  # moved already (another batch, a recovery) or closed
-            self._switch(index, reason)
-            with self._lock:
-                self._backoff.failed(name)
-                self._wrong.add(name)
+            if self._closed or index is None:
+                return self.active_backend  # closed, or none active (moved already)
+            if self.names[index] == name:
+                self._switch(index, reason)
+                with self._lock:
+                    self._backoff.failed(name)
+                    self._wrong.add(name)
+            elif not self._drop_wrong_standby(name, reason):
+                return self.active_backend  # dropped or moved already
         if not self._closed:
             self._prepare_in_background()
         return self.active_backend
+
+    def _drop_wrong_standby(self, name: str, reason: str) -> bool:
+        """Drop the standby ``name`` that answered the canary wrongly (exclusive gate held); False: it is
+        not held (dropped or moved already)."""
+        k = self.names.index(name)
+        held = self._held.pop(k, None) if k != self._active else None
+        if held is None:
+            return False
+        release(held.runner, name)
+        self._set_status(name, "failed", reason)
+        with self._lock:
+            self._backoff.failed(name)
+            self._wrong.add(name)
+        log.warning("standby %s dropped: it answered the canary wrongly (%s)", name, short(reason))
+        return True
 
     def _switch(self, index: int, reason: str) -> None:
         """Move traffic off ``index`` (exclusive gate held): to its standby, else the next that warms."""

@@ -233,6 +233,16 @@ class Runtime:
                         self._sync.count(len(chunk), (time.perf_counter_ns() - start) / 1e3, ok)
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
+    def run_canary(self, x: np.ndarray) -> tuple[np.ndarray, str, str | None]:
+        """The golden canary ``x`` (batch 1) run as :meth:`infer` with ``counted=False`` runs it, and who
+        answered: (output, backend, the precision it computes at). The backend is the active one, or,
+        when that one failed the batch, the one its retry ran on: the answer is that backend's."""
+        self._require_open()
+        self._input.batch(x)
+        answered: list[Any] = []
+        out = self._backends.run({self.input_name: np.ascontiguousarray(x)}, self.output_name, answered)
+        return out, answered[0], answered[1]
+
     def submit(self, sample: np.ndarray, arrival: Arrival | None = None) -> Future:
         """Queue one sample (``input_shape`` or ``(1, *input_shape)``) for the dynamic batcher."""
         return self._batcher.submit(self._one(sample), arrival)
@@ -308,7 +318,8 @@ class Runtime:
         return self._backends.recover(only_if_none_active)
 
     def reject(self, backend: str, reason: str) -> str | None:
-        """``backend`` answered the golden canary wrongly: traffic moves off it (:meth:`Fallback.reject`)."""
+        """``backend`` answered the golden canary wrongly: traffic moves off it, or, a standby, it is
+        dropped (:meth:`Fallback.reject`); returns the backend active after."""
         return self._backends.reject(backend, reason)
 
     # -- observation ------------------------------------------------------------------------------

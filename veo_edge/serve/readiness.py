@@ -9,7 +9,9 @@ backend drops it at once; :meth:`ReadinessCheck.recheck_loop` then re-checks at 
 (recovering earlier backends first) and readiness returns only when the canary matches again: with every
 backend failing for good it stays down. A canary that runs but does not match takes the backend out of
 traffic (:meth:`ReadinessCheck.run_canary`): the model is ready on the next backend that matches, or on
-none, and then inference is refused (503) rather than answered wrongly.
+none, and then inference is refused (503) rather than answered wrongly. The answer is judged by the
+rule of the backend that gave it: a standby that answered for an active backend that failed the batch
+is judged (and, answering wrongly, dropped) itself.
 """
 
 from __future__ import annotations
@@ -59,70 +61,80 @@ class ReadinessCheck:
     def run_canary(self, runtime: Any) -> CanaryResult | None:
         """Run the golden canary through ``runtime`` (blocking); readiness follows its result.
 
-        An active backend that answers it wrongly (a mismatch, not a failure to answer) loses its
-        traffic at once (:meth:`Runtime.reject <veo_edge.runtime.runtime.Runtime.reject>`): the canary
-        then runs on the backend that took over, until one matches or none is left, and then no backend
-        answers (inference gets 503, not an answer known to be wrong)."""
+        A backend that answers it wrongly (a mismatch, not a failure to answer) loses its traffic at once
+        (:meth:`Runtime.reject <veo_edge.runtime.runtime.Runtime.reject>`): the active one, or the standby
+        that answered in its place when the active one failed the canary's batch (dropped; traffic stays).
+        The canary then runs again on the backend active after, until one matches or none is left, and
+        then no backend answers (inference gets 503, not an answer known to be wrong)."""
         if runtime is None:
             return None
         for _ in range(len(runtime.names)):  # each round takes one backend out: the policy bounds it
-            backend = self._run_once(runtime)
-            if backend is not None and self.result is not None and not self.result.ok:
-                # once more before its traffic goes: a transient fault's retry may have answered on a
-                # standby of another precision (by the served rule, wrong); a broken backend stays wrong
-                backend = self._run_once(runtime)
-            if backend is None or self.result is None or self.result.ok:
-                break
-            moved = runtime.reject(backend, f"canary mismatch: {self.error}")
+            active = self._run_once(runtime)
+            if active is not None and not self._matched_on(active):
+                # once more before a backend loses its traffic: the active one may have failed the batch
+                # (a transient fault) and a standby answered in its place; a broken backend stays wrong
+                active = self._run_once(runtime)
+            if active is None or self.result is None or self._matched_on(active):
+                break  # none active, it raised (not a wrong answer: the re-check tries again), or ready
+            if self.result.ok:  # right, but from a standby: the active one has not answered it yet
+                continue
+            wrong = self.backend  # the backend whose answer it was
+            moved = runtime.reject(wrong, f"canary mismatch: {self.error}")
             if moved is None:
                 log.error(
                     "not ready: no backend passed the canary (%s: %s; skipped: %s); inference is refused "
                     "(503) until one does: rebuild the model, or check the backend's artifacts",
-                    backend,
+                    wrong,
                     self.error,
                     _skipped_line(runtime.state.to_dict()),
                 )
                 break
-            if moved == backend:  # not moved (closed meanwhile): nothing else to run it on
+            if moved == wrong:  # not moved (closed meanwhile): nothing else to run it on
                 break
         return self.result
 
+    def _matched_on(self, backend: str) -> bool:
+        return self.result is not None and self.result.ok and self.backend == backend
+
     def _run_once(self, runtime: Any) -> str | None:
-        """The canary on the active backend; the result, the error and the backend noted. Returns it.
-        With none active there is nothing to run it on: the last result stands (what failed, on which)."""
+        """The canary on the active backend, judged by the rule of the precision of the backend that
+        answered it (the active one, or the standby a failed batch was retried on); the result, the
+        error and that backend noted. Returns the backend active when it ran. With none active there is
+        nothing to run it on: the last result stands (what failed, on which)."""
         backend = runtime.state.to_dict().get("active_backend")
         if backend is None:
             return None
+        answered = backend
         try:
             self.canary = self.canary or load_canary(self.build)
-            canary = self._canary_of(runtime)
-            out = runtime.infer(canary.input, counted=False)  # not a request: not in the stats
+            out, answered, precision = runtime.run_canary(self.canary.input)
+            canary = self.canary_of(str(precision or "f32"))
             self.result = compare_canary(out, canary)
             self.error = self.result.reason
         except VeoEdgeError as e:
             self.result, self.error = None, str(e)
-        self.backend = backend
+        self.backend = answered
         if self.error:
             if self.error != self._last_reason:
                 mismatch = self.result is not None and len(runtime.names) > 1
+                handled = (
+                    "; traffic moves off it to a backend that passes the canary"
+                    if answered == backend
+                    else f"; it answered in place of {backend}, which failed the batch: it is dropped as a standby"
+                )
                 log.log(  # a mismatch with backends left is handled: it moves traffic (WARNING)
                     logging.WARNING if mismatch else logging.ERROR,
                     "not ready: canary failed on %s: %s%s",
-                    backend,
+                    answered,
                     self.error,
-                    "; traffic moves off it to a backend that passes the canary" if mismatch else "",
+                    handled if mismatch else "",
                 )
             self._last_reason = self.error
-        else:
+        elif answered == backend:
             if self.backend_failure or self._last_reason:
                 log.info("canary matched on %s: ready", backend)
             self.backend_failure = self._last_reason = None
         return backend
-
-    def _canary_of(self, runtime: Any) -> Canary:
-        """The canary with the rule of the precision the active backend computes at (an int8 build that
-        fell back to ONNX Runtime is held to the f32 rule)."""
-        return self.canary_of(str(runtime.describe().get("precision") or "f32"))
 
     def canary_of(self, precision: str | None) -> Canary:
         """The canary with the rule of ``precision`` (None: the build's own, what it serves on OpenVINO)."""
