@@ -70,9 +70,10 @@ class ReadinessCheck:
             return None
         for _ in range(len(runtime.names)):  # each round takes one backend out: the policy bounds it
             active = self._run_once(runtime)
-            if active is not None and not self._matched_on(active):
-                # once more before a backend loses its traffic: the active one may have failed the batch
-                # (a transient fault) and a standby answered in its place; a broken backend stays wrong
+            if active is not None and self.result is not None and not self._matched_on(active):
+                # an answer, wrong or a standby's: once more before a backend loses its traffic (the active
+                # one may have failed the batch, a transient fault, and a standby answered in its place; a
+                # broken backend stays wrong). One that raised is not run again here: the re-check does
                 active = self._run_once(runtime)
             if active is None or self.result is None or self._matched_on(active):
                 break  # none active, it raised (not a wrong answer: the re-check tries again), or ready
