@@ -5,17 +5,25 @@ multiprocessing's resource tracker behind, reparented to init, for good.
 A body bound for the worker is assembled in :class:`SharedPages` (a memfd mapping), which the worker
 maps by ``/proc/<server>/fd/<fd>`` instead of receiving a pickled copy: pickling a body (protocol 4)
 held two copies of it in the server at once, outside ``--max-buffered-bytes`` (8 parallel 12 MiB chunked
-JSON bodies took a server with a 32 MiB cap 66-72 MiB above idle)."""
+JSON bodies took a server with a 32 MiB cap 66-72 MiB above idle).
+
+A worker that dies (an OOM killer) is replaced by :class:`Decoder` on the first request that finds it
+gone; before, every later large JSON request got 500 ``BrokenProcessPool`` until the server restarted."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import mmap
 import os
 import threading
 import time
 import weakref
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
+
+log = logging.getLogger("veo_edge.serve")
 
 #: how often the worker looks whether its server is still there (the longest it outlives a killed one)
 PARENT_POLL_S = 0.5
@@ -46,6 +54,57 @@ def start_decoder() -> ProcessPoolExecutor:
     )
     pool.submit(int)
     return pool
+
+
+class Decoder:
+    """The decoding worker as the HTTP app uses it: started on first need (or given, started), replaced
+    when it died. ``decode`` parses an infer request in it; a request in flight on a worker that died is
+    decoded once more on the new one, and gets 503 (retryable) should that one die too."""
+
+    def __init__(self, pool: ProcessPoolExecutor | None = None) -> None:
+        self.pool = pool
+        self.map_bodies = True  # the worker maps bodies in SharedPages (False once it cannot)
+
+    def prestart(self) -> None:
+        if self.pool is None:
+            self.pool = start_decoder()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
+
+    async def decode(self, body: Any, hlen: str | None, model: Any) -> Any:
+        from veo_edge.serve.protocol import ProtocolError
+
+        for _ in range(2):
+            self.prestart()
+            pool = self.pool
+            try:
+                return await self._decode_in(pool, body, hlen, model)
+            except BrokenProcessPool as e:
+                if self.pool is pool:  # the first request to find it dead replaces it; the rest retry
+                    self.close()
+                    self.prestart()
+                    log.warning("the JSON decoding worker died (%s); started a new one", e)
+        raise ProtocolError(
+            "the JSON decoding worker died twice while decoding this request (out of memory?); retry "
+            "it, or send its tensors as binary data (Inference-Header-Content-Length)",
+            503,
+        )
+
+    async def _decode_in(self, pool: Any, body: Any, hlen: str | None, model: Any) -> Any:
+        from veo_edge.serve.protocol import parse_infer_request
+
+        loop = asyncio.get_running_loop()
+        ref = shared_ref(body) if self.map_bodies else None  # mapped by the worker, never pickled
+        if ref is not None:
+            try:
+                return await loop.run_in_executor(pool, parse_shared, os.getpid(), *ref, hlen, model)
+            except OSError as e:  # the worker may not open /proc/<server>/fd (a locked-down /proc)
+                self.map_bodies = False
+                log.warning("the JSON decoding worker cannot map request bodies (%s); they are copied", e)
+        return await loop.run_in_executor(pool, parse_infer_request, body, hlen, model)
 
 
 #: memfd exists (Linux): bodies for the worker are assembled in SharedPages; elsewhere they are pickled

@@ -12,10 +12,8 @@ a body (uvicorn drops it).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import os
 import re
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -24,7 +22,7 @@ from typing import Any
 from veo_edge.serve.bodies import BodyBudget, Disconnected, HttpError, read_body
 from veo_edge.serve.canary_wire import BINARY
 from veo_edge.serve.control import CONTROL_ROUTES, HTTP_GROUPS, AccessPolicy
-from veo_edge.serve.decoder import parse_shared, shared_ref, start_decoder
+from veo_edge.serve.decoder import Decoder
 from veo_edge.serve.metrics import render
 from veo_edge.serve.protocol import ProtocolError, encode_infer_response, parse_infer_request
 from veo_edge.serve.shm import ShmRegistry
@@ -112,8 +110,7 @@ class HttpApp:
         self.counters = service.counters
         self.budget = budget or BodyBudget(limits)  # shared with gRPC's ModelInfer where both serve
         self.in_flight = 0
-        self._decoder = decoder
-        self._map_bodies = True  # the decoding worker maps bodies in SharedPages (False once it cannot)
+        self._decoder = Decoder(decoder)
         self._handlers: dict[str, Callable[..., Awaitable[tuple[int, list, bytes]]]] = {
             "metrics": self._metrics,
             "server_metadata": self._server_metadata,
@@ -140,13 +137,10 @@ class HttpApp:
 
     def prestart_decoder(self) -> None:
         """Start the JSON worker process now, so the first large request does not wait for it."""
-        if self._decoder is None:
-            self._decoder = start_decoder()
+        self._decoder.prestart()
 
     def close(self) -> None:
-        if self._decoder is not None:
-            self._decoder.shutdown(wait=False, cancel_futures=True)
-            self._decoder = None
+        self._decoder.close()
 
     # -- ASGI -----------------------------------------------------------------------------------
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
@@ -296,12 +290,12 @@ class HttpApp:
             json_size = 0
         try:
             if json_size > self.limits.offload_json_bytes:
-                parsed = await self._decode_off_loop(body, hlen, model)
+                parsed = await self._decoder.decode(body, hlen, model)
             else:
                 parsed = parse_infer_request(body, hlen, model)
             lease = self.shm.attach(parsed)  # shared-memory inputs become arrays; 400 for a bad region
-        except ProtocolError as e:
-            self.service.rejected(name, "http", e.status)
+        except ProtocolError as e:  # 400; 503: the decoding worker died twice
+            self.service.rejected(name, "http", e.status, _REASONS.get(e.status, "INVALID"))
             raise
         try:
             outputs = await self.service.infer(name, version, parsed, params.get("arrival"))
@@ -352,16 +346,3 @@ class HttpApp:
     async def _shm_unregister(self, scope, params, body):
         self.shm.unregister(params["kind"], params.get("region"))
         return 200, [], b""
-
-    async def _decode_off_loop(self, body: Any, hlen: str | None, model: Any):
-        """Parse in a worker process: json.loads holds the GIL, so a thread would still stall the loop."""
-        self.prestart_decoder()
-        loop = asyncio.get_running_loop()
-        ref = shared_ref(body) if self._map_bodies else None  # mapped by the worker, never pickled
-        if ref is not None:
-            try:
-                return await loop.run_in_executor(self._decoder, parse_shared, os.getpid(), *ref, hlen, model)
-            except OSError as e:  # the worker may not open /proc/<server>/fd (a locked-down /proc)
-                self._map_bodies = False
-                log.warning("the JSON decoding worker cannot map request bodies (%s); they are copied", e)
-        return await loop.run_in_executor(self._decoder, parse_infer_request, body, hlen, model)
