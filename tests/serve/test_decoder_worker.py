@@ -1,11 +1,14 @@
 """The JSON decoding worker (JSON heads over 1 MiB) is replaced when it dies: killed with SIGKILL (as an
 OOM killer does), every later large JSON request used to get 500 ``BrokenProcessPool``, each with a
 traceback, until the server restarted, while /v2/health/ready stayed 200. Now the first request to find
-it dead starts a new worker, says so in one WARNING line, and is decoded there."""
+it dead starts a new worker, says so in one WARNING line, and is decoded there. An infer request that
+ends without the service counting it (its client gone before the answer: 499) still counts in
+``veo_edge_infer_requests_total`` and ``nv_inference_request_failure``."""
 
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +54,12 @@ def _infer_counts(server) -> dict[str, float]:
     }
 
 
+def _failures(server) -> dict[str, float]:
+    """reason -> nv_inference_request_failure of vit-nano."""
+    counts = _samples(server, "nv_inference_request_failure")
+    return {dict(k)["reason"]: v for k, v in counts.items() if ("model", "vit-nano") in k and v}
+
+
 def test_a_killed_worker_is_replaced_and_large_json_requests_still_work(serve, nano_build: Path):
     server = serve(nano_build)
     small, large = _json_body(0), _json_body(1_100_000)
@@ -74,3 +83,17 @@ def test_a_killed_worker_is_replaced_and_large_json_requests_still_work(serve, n
     assert "Traceback" not in log and "BrokenProcessPool" not in log.replace(died[0], ""), log
     assert server.get_json("/v2/health/ready")[0] == 200
     assert _infer_counts(server) == {"200": 5}
+
+
+def test_a_client_gone_before_its_answer_counts_as_499(serve, nano_build: Path):
+    server = serve(nano_build)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        head = f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
+        sock.sendall(head.encode() + b'{"inputs": [')  # then leaves, the body unfinished
+    for _ in range(200):  # until the server has seen it go (the route's count shows it first)
+        responses = _samples(server, "veo_edge_http_responses_total")
+        if responses.get((("code", "499"), ("route", "model_infer")), 0):
+            break
+        server.request("GET", "/v2/health/live")
+    assert _infer_counts(server) == {"499": 1}
+    assert _failures(server) == {"CANCELED": 1}

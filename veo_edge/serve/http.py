@@ -35,8 +35,9 @@ _MODEL = r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?"
 _REPO = r"/v2/repository/models/(?P<name>[^/]+)"
 _SHM = r"/v2/(?P<kind>system|cuda)sharedmemory"
 _REGION = r"/region/(?P<region>[^/]+)"
-#: an infer request's refusal by the transport -> nv_inference_request_failure's reason (else INVALID)
-_REASONS = {401: "UNAUTHORIZED", 403: "UNAUTHORIZED", 503: "REJECTED"}
+#: an infer request's refusal by the transport -> nv_inference_request_failure's reason (else INVALID);
+#: 499: the client left before its answer; 500: an unexpected error in the server
+_REASONS = {401: "UNAUTHORIZED", 403: "UNAUTHORIZED", 499: "CANCELED", 500: "OTHER", 503: "REJECTED"}
 #: (route name, path pattern, methods); the route name is the metrics label
 ROUTES: list[tuple[str, re.Pattern[str], tuple[str, ...]]] = [
     (name, re.compile(f"^{pattern}$"), methods)
@@ -172,15 +173,22 @@ class HttpApp:
                 log.exception("handler failed on %s %s", scope["method"], scope["path"][:200])
                 status, headers, close = 500, [], False
                 payload = error_body(f"internal error: {type(e).__name__}: {e}")
+                self._count_infer(route, params, 500)
             self.counters.responses[(route, status)] += 1
             await self._respond(send, status, headers, payload, close)
         except Disconnected:
             self.counters.responses[(route, 499)] += 1
+            self._count_infer(route, params, 499)
         finally:
             if arrival is not None:
                 arrival.done()
             self.budget.give(reserved)
             self.in_flight -= 1
+
+    def _count_infer(self, route: str, params: dict, status: int) -> None:
+        """Count an infer request that ended in ``status`` unless the service already counted it."""
+        if route == "model_infer" and not params.get("counted"):
+            self.service.rejected(params["name"], "http", status, _REASONS[status])
 
     def _authorize(self, scope: dict, route: str) -> None:
         """The access policy (:mod:`veo_edge.serve.control`), before a body is read: a refused request's
@@ -298,7 +306,12 @@ class HttpApp:
             self.service.rejected(name, "http", e.status, _REASONS.get(e.status, "INVALID"))
             raise
         try:
-            outputs = await self.service.infer(name, version, parsed, params.get("arrival"))
+            try:
+                outputs = await self.service.infer(name, version, parsed, params.get("arrival"))
+            except ProtocolError:
+                params["counted"] = True  # the service counts each outcome it answers
+                raise
+            params["counted"] = True
             labels = self.service.model_labels(name)
             write = lease.write if lease is not None else None
             chunks, out_hlen = encode_infer_response(model, parsed, outputs, labels, write)
