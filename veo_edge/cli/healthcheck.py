@@ -36,7 +36,8 @@ def healthcheck(
     failed start canary, unknown model); 22 canary mismatch (inference failed, output off the golden
     one, golden file unreadable, --build-dir not the served build); 23 timeout; 24 unauthorized (the server wants its token: --token-file);
     30 the build (--build-dir) was modified after it was built (an artifact's sha256 differs from its
-    manifest); 31 its manifest.json does not follow its schema; 7 --build-dir is no build directory
+    manifest); 31 its manifest.json does not follow its schema; 7 the golden build directory
+    (--build-dir, or with --url $VEO_EDGE_BUILD_DIR; the error names which) is no build directory
     (missing, or without a manifest); 2 usage. The reason is printed on one line. A canary answer off
     the served rule is asked for again, up to 3 times, before it is a mismatch (a transient fault's
     retry may have run on a standby of another precision).

@@ -24,6 +24,7 @@ from veo_edge.builddir import MANIFEST_NAME, BuildDir, sha256_file
 from veo_edge.errors import ArtifactMismatchError, BuildDirError, UsageError, VeoEdgeError
 from veo_edge.export.canary import Canary, compare_canary, golden_canary
 from veo_edge.serve.canary_wire import BINARY, canary_from_binary, canary_from_json
+from veo_edge.serve.golden import named, open_golden
 from veo_edge.serve.protocol.client import decode_infer_response, encode_infer_request
 
 #: the suffix of a model's companion that takes encoded pictures (``veo_edge.serve.images``)
@@ -106,8 +107,7 @@ def _same_build(build: BuildDir, params: dict[str, Any], url: str, source: str =
     directory came from (``--build-dir``, or the environment variable that named it)."""
     served, mine = params.get("manifest_sha256"), build_identity(build)
     if served and served != mine:  # a server that does not name its build (Triton, older) is not checked
-        given = f"--build-dir {build.path}" if source == "--build-dir" else f"{source}={build.path}"
-        drop = "leave --build-dir out" if source == "--build-dir" else f"unset {source}"
+        given, drop = named(build.path, source)
         raise WrongBuildError(
             f"{given} is not the build the server at {url} serves (manifest sha256 "
             f"{mine[:12]}..., the server's {served[:12]}...): its golden canary and rule are not the served "
@@ -250,7 +250,7 @@ def check_server(
         status, _, body = client.request("GET", "/v2/health/ready")
         if status != 200:
             raise NotReadyError(f"{url} is not ready (HTTP {status}): {_error_of(body)}")
-        build = BuildDir.open(build_dir) if build_dir else None
+        build = open_golden(build_dir, build_dir_from) if build_dir else None
         name = model_name or (build.model_name if build else None)
         if name is None:
             status, _, body = client.request("GET", "/v2/health/ready")
