@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -45,6 +46,9 @@ def test_specs_parse_from_dict_json_and_env(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.delenv("VEO_EDGE_FAULTS")
     assert parse_faults(None, BACKENDS) == {}
     assert parse_faults({"openvino": {}}, BACKENDS) == {}  # an empty spec injects nothing
+    assert parse_faults('{"openvino": {"every_nth": 2, "error": "wrong"}}', BACKENDS) == {
+        "openvino": FaultSpec(every_nth=2, error="wrong")
+    }
 
 
 @pytest.mark.parametrize(
@@ -59,8 +63,11 @@ def test_specs_parse_from_dict_json_and_env(monkeypatch: pytest.MonkeyPatch) -> 
             r"error='segfault' .* choose one of: oom, device_lost, backend",
         ),
         ({"openvino": 3}, r"fault spec for 'openvino' is a int, expected an object"),
-        ({"openvino": {"leak_bytes_per_call": -1}}, r"leak_bytes_per_call=-1 .* expected an integer >= 0"),
-        ({"openvino": {"leak_bytes_per_call": 1.5}}, r"leak_bytes_per_call=1.5 .* expected an integer >= 0"),
+        ({"openvino": {"leak_bytes_per_call": -1}}, r"leak_bytes_per_call=-1 .* expected an integer from 0"),
+        (
+            {"openvino": {"leak_bytes_per_call": 1.5}},
+            r"leak_bytes_per_call=1.5 .* expected an integer from 0",
+        ),
         ("{nope", r"faults is not valid JSON"),
         (
             {"openvino": {"every_s": 0}},
@@ -69,6 +76,23 @@ def test_specs_parse_from_dict_json_and_env(monkeypatch: pytest.MonkeyPatch) -> 
         ({"openvino": {"after_s": -1}}, r"after_s=-1 .* seconds >= 0"),
         ({"openvino": {"once_at_s": "10m"}}, r"once_at_s='10m' .* expected a number of seconds >= 0"),
         ({"openvino": [{"every_s": 5}, {"evry_s": 1}]}, r"unknown fault option\(s\) \['evry_s'\]"),
+        # an error with no rule naming the calls would inject nothing: refused, as other bad specs are
+        (
+            {"openvino": {"error": "wrong"}},
+            r"error='wrong' for 'openvino' names no call to fail; .*every_nth",
+        ),
+        ({"openvino": {"slow_ms": 5, "error": "oom"}}, r"error='oom' .* names no call to fail"),
+        ({"openvino": {"slow_ms": math.nan}}, r"slow_ms=nan .* expected a number of milliseconds from 0"),
+        ({"openvino": {"slow_ms": math.inf}}, r"slow_ms=inf .* milliseconds from 0 to 600000"),
+        ({"openvino": {"slow_ms": 1e12}}, r"slow_ms=1000000000000.0 .* milliseconds from 0 to 600000"),
+        ({"openvino": {"slow_ms": True}}, r"slow_ms=True .* expected a number of milliseconds"),
+        ({"openvino": {"slow_ms": "5"}}, r"slow_ms='5' .* expected a number of milliseconds"),
+        ({"openvino": {"fail_at_start": "no"}}, r"fail_at_start='no' .* expected true or false"),
+        ({"openvino": {"fail_at_start": 1}}, r"fail_at_start=1 .* expected true or false"),
+        ({"openvino": {"after_s": True}}, r"after_s=True .* expected a number of seconds >= 0"),
+        ({"openvino": {"every_nth": True}}, r"every_nth=True .* expected an integer >= 1"),
+        ({"openvino": {"leak_bytes_per_call": 1 << 40}}, r"leak_bytes_per_call=1099511627776 .* from 0 to"),
+        ({"openvino": {"every_nth": 2, "error": ["oom"]}}, r"error=\['oom'\] .* choose one of"),
     ],
 )
 def test_bad_specs_say_what_to_write(faults: object, match: str) -> None:

@@ -1,7 +1,8 @@
 """Fault injection: make a real runner fail at start, fail by call count or on a time schedule, or slow down.
 
 Faults are configuration, not mocks: :class:`FaultyRunner` wraps the real OpenVINO / ONNX Runtime /
-TensorRT runner and lets it compute every answer it does give, so the runtime's fallback paths run end
+TensorRT runner and lets it compute every answer it does give (``"error": "wrong"`` changes that answer
+after the real runner computed it), so the runtime's fallback paths run end
 to end on a CPU-only machine. The configuration maps a backend name (or ``"*"`` for every backend) to a
 spec::
 
@@ -10,7 +11,7 @@ spec::
 
 Spec keys (all optional):
 
-``fail_at_start`` (bool)
+``fail_at_start`` (a JSON boolean)
     activation raises :class:`~veo_edge.errors.BackendUnavailableError`: the candidate is skipped.
 ``oom_after`` (int N)
     calls 1..N run, every call after the Nth fails (a persistent out-of-memory, as on a real GPU).
@@ -28,9 +29,9 @@ Spec keys (all optional):
     every call from X seconds on fails (a persistent fault).
 ``once_at_s`` (float X)
     the first call at or after X seconds fails, once (e.g. the GPU lost once).
-``slow_ms`` (float)
+``slow_ms`` (float, 0 to 600000)
     every call sleeps this long before running.
-``leak_bytes_per_call`` (int N)
+``leak_bytes_per_call`` (int N, at most 1 GiB)
     every call keeps N more bytes alive (written, so resident) for as long as the runner lives: a planted
     leak of a known rate, for ``veo-edge soak`` to find.
 ``error`` ("oom" | "device_lost" | "backend" | "wrong", default "oom")
@@ -38,7 +39,9 @@ Spec keys (all optional):
     :class:`~veo_edge.errors.CudaOutOfMemoryError`, the class the TensorRT path raises for a real CUDA
     OOM), :class:`InjectedDeviceLostError` or a plain :class:`InjectedBackendError`; ``"wrong"`` raises
     nothing: the call answers, wrongly (the real output plus 1 in every value), as a backend with
-    corrupt weights in memory or a failing device would, for the golden canary to notice.
+    corrupt weights in memory or a failing device would, for the golden canary to notice. ``error``
+    needs a rule that names the calls (``oom_after``, ``dead_after``, ``every_nth`` or a time rule);
+    alone it is refused.
 
 A backend may also take a list of specs, each with its own ``error``::
 
@@ -50,8 +53,9 @@ schedule). The time rules of one entry (a backend name or ``"*"``) keep their st
 the runtime makes for it: a backend that recovers after a fault does not start its schedule over, and a
 ``"*"`` schedule injects one fault per period into whichever backend is active, not one per backend.
 Moments before the clock's reading when the runtime was created have passed: they never fire. Call
-counts are per runner (a recovered backend counts from 1 again). Injected faults are raised before the
-wrapped runner runs, so a failed call leaves it untouched.
+counts are per runner (a recovered backend counts from 1 again). Injected failures are raised before the
+wrapped runner runs, so a failed call leaves it untouched; a ``"wrong"`` call runs it and adds 1 to its
+answer.
 """
 
 from __future__ import annotations
@@ -69,6 +73,16 @@ ENV_VAR = "VEO_EDGE_FAULTS"
 ALL = "*"
 _ERRORS = ("oom", "device_lost", "backend", "wrong")
 TIME_KEYS = ("every_s", "after_s", "once_at_s")
+#: the rules that name the calls an injected failure (``error``) fails
+CALL_KEYS = ("oom_after", "dead_after", "every_nth", *TIME_KEYS)
+#: the longest ``slow_ms`` taken (10 minutes a call), and the most ``leak_bytes_per_call`` (1 GiB a call)
+SLOW_MS_MAX = 600_000
+LEAK_MAX = 1 << 30
+
+
+def _number(v: object) -> bool:
+    """A finite JSON number (``true`` and ``false`` are not numbers here)."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass(frozen=True)
@@ -106,10 +120,10 @@ class FaultSpec:
                     f"fault option {key}={v!r} for {backend!r} is invalid; expected an integer >= {least}"
                 )
         leak = spec.leak_bytes_per_call
-        if not isinstance(leak, int) or isinstance(leak, bool) or leak < 0:
+        if not isinstance(leak, int) or isinstance(leak, bool) or not 0 <= leak <= LEAK_MAX:
             raise UsageError(
                 f"fault option leak_bytes_per_call={leak!r} for {backend!r} is invalid; expected an integer "
-                ">= 0 (bytes kept alive per call)"
+                f"from 0 to {LEAK_MAX} (bytes kept alive per call)"
             )
         if spec.recover_after is not None and (
             spec.oom_after is None or spec.recover_after <= spec.oom_after
@@ -122,17 +136,31 @@ class FaultSpec:
             v = getattr(spec, key)
             if v is None:
                 continue
-            number = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-            if not number or not (v > 0 if key == "every_s" else v >= 0):
+            if not _number(v) or not (v > 0 if key == "every_s" else v >= 0):
                 raise UsageError(
                     f"fault option {key}={v!r} for {backend!r} is invalid; expected a number of seconds "
                     f"{'> 0' if key == 'every_s' else '>= 0'}"
                 )
-        if not isinstance(spec.slow_ms, int | float) or spec.slow_ms < 0:
-            raise UsageError(f"fault option slow_ms={spec.slow_ms!r} for {backend!r} must be a number >= 0")
-        if spec.error not in _ERRORS:
+        slow = spec.slow_ms
+        if not _number(slow) or not 0 <= slow <= SLOW_MS_MAX:
+            raise UsageError(
+                f"fault option slow_ms={slow!r} for {backend!r} is invalid; expected a number of "
+                f"milliseconds from 0 to {SLOW_MS_MAX:g}"
+            )
+        if not isinstance(spec.fail_at_start, bool):
+            raise UsageError(
+                f"fault option fail_at_start={spec.fail_at_start!r} for {backend!r} is invalid; expected "
+                "true or false (a JSON boolean)"
+            )
+        if not isinstance(spec.error, str) or spec.error not in _ERRORS:
             raise UsageError(
                 f"fault option error={spec.error!r} for {backend!r} is unknown; choose one of: {', '.join(_ERRORS)}"
+            )
+        if "error" in raw and not any(getattr(spec, k) is not None for k in CALL_KEYS):
+            raise UsageError(
+                f"fault option error={spec.error!r} for {backend!r} names no call to fail; add a rule that "
+                f"does ({', '.join(CALL_KEYS)}), e.g. "
+                f'{{"{backend}": {{"every_nth": 3, "error": "{spec.error}"}}}}'
             )
         return spec
 

@@ -1,8 +1,9 @@
 """Fault injection at run time: :class:`FaultyRunner` wraps a real runner and fails, slows or leaks by the
 rules of a fault configuration (what the keys mean and how they are parsed: :mod:`veo_edge.runtime.fault_spec`,
 whose names this module re-exports); :class:`FaultSchedule` keeps an entry's state across the runners made
-for it, :class:`FaultPlan` wraps each runner a runtime makes. Injected faults are raised before the wrapped
-runner runs, so a failed call leaves it untouched.
+for it, :class:`FaultPlan` wraps each runner a runtime makes. Injected failures are raised before the
+wrapped runner runs, so a failed call leaves it untouched; a ``"wrong"`` call runs it and adds 1 to its
+answer.
 """
 
 from __future__ import annotations
