@@ -5,6 +5,8 @@ ONNX Runtime runners; the wrong answers are theirs, made wrong by the fault conf
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -45,3 +47,37 @@ def test_wrong_is_an_error_kind_of_the_fault_configuration() -> None:
     )
     with pytest.raises(UsageError, match="choose one of: oom, device_lost, backend, wrong"):
         parse_faults({"openvino": {"every_nth": 2, "error": "wrongly"}}, BACKENDS)
+
+
+def test_a_dropped_standby_is_skipped_counted_and_its_return_logged(
+    nano_build: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    faults = {
+        "openvino": {"oom_after": 0, "recover_after": 1, "error": "backend"},
+        "onnxruntime": {"oom_after": 1, "error": "wrong"},  # each runner: its warm-up right, then wrong
+    }
+    x = golden_canary(BuildDir.open(nano_build)).input
+    caplog.set_level(logging.INFO, logger="veo_edge.runtime")
+    # a short recovery clock: the dropped standby's backoff is over at once, and it is warmed again
+    with Runtime(
+        nano_build, policy=["openvino", "onnxruntime"], faults=faults, recover_interval_s=0.05
+    ) as rt:
+        assert rt.run_canary(x)[1] == "onnxruntime"
+        rt.reject("onnxruntime", "canary mismatch: off")
+        state = rt.state.to_dict()
+        assert state["skipped"] == [
+            {
+                "backend": "onnxruntime",
+                "reason": "standby dropped: it answered the canary wrongly (canary mismatch: off)",
+            }
+        ]
+        assert rt.stats()["faults"]["onnxruntime"] == {"wrong_answer": 1}
+        deadline = time.monotonic() + 60  # a bound on a hang, not a timing
+        while rt.standby_backend is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rt.standby_backend == "onnxruntime"
+    back = [r.getMessage() for r in caplog.records if "warm as a standby again" in r.getMessage()]
+    assert back == ["backend onnxruntime warm as a standby again (last refused: canary mismatch: off)"], back
+    assert all(
+        r.levelno == logging.INFO for r in caplog.records if "warm as a standby again" in r.getMessage()
+    )

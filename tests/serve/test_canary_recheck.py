@@ -92,8 +92,16 @@ def test_a_standby_answering_wrongly_for_a_failed_active_backend_is_the_one_drop
     assert status == 200 and ready["active_backend"] == "openvino", ready
     assert ready["fallback"]["switches"] == [] and ready["fallback"]["count"] == 0, ready
     assert ready["standby_backend"] is None, ready  # dropped, and not warmed again before its backoff
+    (skipped,) = ready["fallback"]["skipped"]  # the drop and why, as any skipped backend's
+    assert skipped["backend"] == "onnxruntime", skipped
+    assert skipped["reason"].startswith(
+        "standby dropped: it answered the canary wrongly (canary mismatch: canary max abs error"
+    ), skipped
     assert ready["canary"]["ok"] is True
     assert _infer(server) == 200
+    metrics = server.request("GET", "/metrics")[2].decode()
+    wrong = 'veo_edge_backend_faults_total{backend="onnxruntime",kind="wrong_answer",model="vit-nano",version="1"} 1.0'
+    assert wrong in metrics.splitlines(), metrics
     log = server.log.read_text()
     assert (
         " WARNING not ready: canary failed on onnxruntime: canary max abs error" in log

@@ -19,7 +19,7 @@ from veo_edge.errors import (
     VeoEdgeError,
 )
 from veo_edge.runtime.backends.base import Runner, Verdict
-from veo_edge.runtime.state import Tally, fault_kind, release
+from veo_edge.runtime.state import WRONG_ANSWER, Tally, fault_kind, release
 
 __all__ = ["Tried", "try_candidate"]
 
@@ -65,6 +65,7 @@ def try_candidate(
         release(runner, name)
         return Tried(None, f"warm-up failed: {type(error).__name__}: {error}", may_heal=True)
     if not result.ok:  # a wrong answer (a broken engine or IR) stays wrong: not tried again
+        tally.fault(name, WRONG_ANSWER)
         release(runner, name)
         return Tried(None, f"warm-up canary failed: {result.reason}", wrong=True)
     return Tried(runner, result=result)

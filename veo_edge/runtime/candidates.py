@@ -26,6 +26,7 @@ from veo_edge.runtime.state import (
     RuntimeState,
     Tally,
     no_backend_error,
+    short,
 )
 
 __all__ = ["Candidates"]
@@ -160,18 +161,22 @@ class Candidates:
                 self._backoff.failed(name)
             else:
                 self._backoff.clear(name)  # a wrong answer stays wrong: not tried again
-            # a candidate skipped again (each re-check): one entry per backend, counted, with the latest
-            # reason, and last; reasons name moments and call counts, so they rarely repeat word for word
-            entry: dict[str, Any] = {"backend": name, "reason": tried.reason}
-            for seen in self._skipped:
-                if seen["backend"] == name:
-                    self._skipped.remove(seen)
-                    entry["times"] = seen.get("times", 1) + 1
-                    break
-            self._skipped.append(entry)
+            self._skip(name, tried.reason)
             self._status[name] = CandidateStatus(name, "skipped", tried.reason)
         log.info("backend %s skipped: %s", name, tried.reason)
         return None
+
+    def _skip(self, name: str, reason: str) -> None:
+        """Note ``name`` skipped for ``reason`` in the history (``self._lock`` held). A candidate skipped
+        again (each re-check) is one entry, counted, with the latest reason, and last; reasons name
+        moments and call counts, so they rarely repeat word for word."""
+        entry: dict[str, Any] = {"backend": name, "reason": reason}
+        for seen in self._skipped:
+            if seen["backend"] == name:
+                self._skipped.remove(seen)
+                entry["times"] = seen.get("times", 1) + 1
+                break
+        self._skipped.append(entry)
 
     def _resting(self, name: str, throttled: bool) -> bool:
         """Not to be tried by a recovery now: waiting out its backoff on the recovery clock
@@ -231,11 +236,13 @@ class Candidates:
             return held
         with self._standby_lock:
             if j not in self._held and self._untried(self.names[j]) and not self._closed:
+                was = self._status[self.names[j]]
                 runner = self._try(j, warm=True)
                 if runner is not None:
                     self._held[j] = Held(runner)
                     self._set_status(self.names[j], "standby")
-                    log.info("backend %s warm as a standby", self.names[j])
+                    again = f" again (last refused: {short(was.reason or '')})" if was.reason else ""
+                    log.info("backend %s warm as a standby%s", self.names[j], again)
             return self._held.get(j)
 
     def _record(self, frm: str, to: str | None, reason: str, failure: bool = False) -> None:

@@ -25,7 +25,9 @@ The rules (docs/serving.md, "Faults, retries and fallback"):
   that fails the same way is dropped and the one after it prepared.
 - **Wrong answer.** The active backend whose golden canary does not match (the server's readiness
   check runs it) is switched away from at once (:meth:`Fallback.reject`), as a lost device is; a standby
-  that answered it wrongly in the active one's place (a retry of the canary's failed batch) is dropped.
+  that answered it wrongly in the active one's place (a retry of the canary's failed batch) is dropped,
+  and noted in the skipped history with its reason. Either is counted as a fault of kind
+  :data:`~veo_edge.runtime.state.WRONG_ANSWER`.
 - **Recovery** (the runtime's clock). After a switch the candidates ahead of the active one are tried
   again, each warmed beside the traffic; one that is refused again waits twice as long before the next
   attempt, up to :data:`~veo_edge.runtime.recovery.BACKOFF_MAX` intervals (a dropped or refused standby
@@ -41,7 +43,16 @@ import numpy as np
 
 from veo_edge.errors import BackendError, InputError, NoBackendError, UsageError, VeoEdgeError
 from veo_edge.runtime.candidates import Candidates
-from veo_edge.runtime.state import CandidateStatus, Held, Throttled, concurrency, fault_kind, release, short
+from veo_edge.runtime.state import (
+    WRONG_ANSWER,
+    CandidateStatus,
+    Held,
+    Throttled,
+    concurrency,
+    fault_kind,
+    release,
+    short,
+)
 
 __all__ = ["SWITCH_AFTER", "Fallback"]
 
@@ -188,6 +199,7 @@ class Fallback(Candidates):
             if self._closed or index is None:
                 return self.active_backend  # closed, or none active (moved already)
             if self.names[index] == name:
+                self.tally.fault(name, WRONG_ANSWER)
                 self._switch(index, reason)
                 with self._lock:
                     self._backoff.failed(name)
@@ -206,10 +218,12 @@ class Fallback(Candidates):
         if held is None:
             return False
         release(held.runner, name)
+        self.tally.fault(name, WRONG_ANSWER)
         self._set_status(name, "failed", reason)
         with self._lock:
             self._backoff.failed(name)
             self._wrong.add(name)
+            self._skip(name, f"standby dropped: it answered the canary wrongly ({reason})")
         log.warning("standby %s dropped: it answered the canary wrongly (%s)", name, short(reason))
         return True
 

@@ -51,8 +51,15 @@ def short(reason: str, limit: int = 120) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+#: the fault kind of a golden canary answered wrongly that cost the backend: its traffic (a switch), its
+#: place as the standby (dropped) or its warm-up (skipped); the runtime cannot tell a wrong answer to a
+#: request, so only the canary's are counted
+WRONG_ANSWER = "wrong_answer"
+
+
 def fault_kind(error: BaseException) -> str:
-    """``device_lost``, ``oom`` or ``backend``: how a backend failure is counted and handled."""
+    """``device_lost``, ``oom`` or ``backend``: how a backend failure is counted and handled (a wrong
+    answer raises nothing: the canary that finds it counts :data:`WRONG_ANSWER`)."""
     if isinstance(error, DeviceLostError):
         return "device_lost"
     if isinstance(error, CudaOutOfMemoryError):

@@ -277,7 +277,8 @@ def _fault_metrics(s: dict[str, Any], ml: list[str], mv: list[str]):
 
     faults = CounterMetricFamily(
         "veo_edge_backend_faults",
-        "Failed backend calls by backend and kind (oom, device_lost, backend), warm-ups included",
+        "Failed backend calls by backend and kind (oom, device_lost, backend; wrong_answer: a canary answered "
+        "wrongly that cost the backend), warm-ups included",
         labels=[*ml, "backend", "kind"],
     )
     for backend, kinds in sorted((s.get("faults") or {}).items()):
