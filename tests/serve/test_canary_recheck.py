@@ -13,10 +13,12 @@ onnxruntime's call 1 its warm-up as the standby."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import numpy as np
 
+from tests.serve.conftest import serve_to_exit
 from veo_edge.serve.protocol import encode_infer_request
 
 INFER = "/v2/models/vit-nano/infer"
@@ -109,3 +111,15 @@ def test_a_standby_answering_wrongly_for_a_failed_active_backend_is_the_one_drop
     ), log
     assert " WARNING standby onnxruntime dropped: it answered the canary wrongly (canary mismatch:" in log
     assert "canary failed on openvino" not in log and "backend openvino failed (canary" not in log
+
+
+def test_a_wrong_answer_spec_that_names_no_call_is_refused_in_one_line(nano_build):
+    """``{"error": "wrong"}`` alone names no call to make wrong: it was accepted and injected nothing."""
+    env = {**os.environ, "VEO_EDGE_FAULTS": json.dumps({"openvino": {"error": "wrong"}})}
+    r = serve_to_exit(nano_build, *POLICY, env=env)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "error: fault option error='wrong' for 'openvino' names no call to fail; add a rule that does "
+        "(oom_after, dead_after, every_nth, every_s, after_s, once_at_s), e.g. "
+        '{"openvino": {"every_nth": 3, "error": "wrong"}}'
+    ], r.stderr
