@@ -5,24 +5,10 @@ Before, both said only 'build directory DIR does not exist; run `veo-edge build`
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.serve.test_healthcheck_source import COMMANDS, _run
 from veo_edge.errors import BuildDirError
-
-COMMANDS = (["veo_edge.serve.probe"], ["veo_edge.cli.main", "healthcheck"])
-
-
-def _run(module: list[str], *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", *module, *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **env},
-    )
 
 
 def test_a_golden_dir_that_is_no_build_is_named_by_where_it_came_from(nano_server, tmp_path: Path):

@@ -11,6 +11,9 @@ from pathlib import Path
 
 from veo_edge.serve.health import EXIT_CODES
 
+#: the image's probe and the CLI, each run as a process
+COMMANDS = (["veo_edge.serve.probe"], ["veo_edge.cli.main", "healthcheck"])
+
 
 def _run(module: list[str], *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -26,7 +29,7 @@ def test_a_wrong_golden_build_is_named_by_where_it_came_from(nano_server, video_
     url = f"http://{nano_server.url}"
     env = {"VEO_EDGE_BUILD_DIR": str(video_nano_build)}
     wrong = f"VEO_EDGE_BUILD_DIR={video_nano_build} is not the build the server at {url} serves"
-    for module in (["veo_edge.serve.probe"], ["veo_edge.cli.main", "healthcheck"]):
+    for module in COMMANDS:
         r = _run(module, "--url", url, "--model-name", "vit-nano", env=env)
         assert r.returncode == EXIT_CODES["canary mismatch"], r.stderr
         assert wrong in r.stderr and "unset VEO_EDGE_BUILD_DIR to use the server's canary" in r.stderr
