@@ -22,7 +22,6 @@ from tests.serve.conftest import QUIET_PORTS
 @pytest.mark.parametrize(
     ("at", "sig"),
     [
-        ("model 'vit-nano': loading", signal.SIGTERM),
         ("warmed batch", signal.SIGTERM),
         ("veo-edge gRPC on", signal.SIGTERM),
         ("veo-edge gRPC on", signal.SIGINT),

@@ -120,7 +120,7 @@ async def _make_runtimes(makers: dict[str, Callable[[], Any]], stop: _StartStop)
     loop, runtimes = asyncio.get_running_loop(), {}
     try:
         for name, make in makers.items():
-            log.info("model %r: loading", name)
+            log.debug("model %r: loading", name)  # INFO made a failed start two lines of stderr
             runtimes[name] = await loop.run_in_executor(None, make)
             stop.check(f"loading model {name!r}")
     except BaseException:
