@@ -199,11 +199,8 @@ class Fallback(Candidates):
             if self._closed or index is None:
                 return self.active_backend  # closed, or none active (moved already)
             if self.names[index] == name:
-                self.tally.fault(name, WRONG_ANSWER)
                 self._switch(index, reason)
-                with self._lock:
-                    self._backoff.failed(name)
-                    self._wrong.add(name)
+                self._wrong_answer(name)
             elif not self._drop_wrong_standby(name, reason):
                 return self.active_backend  # dropped or moved already
         if not self._closed:
@@ -218,14 +215,20 @@ class Fallback(Candidates):
         if held is None:
             return False
         release(held.runner, name)
-        self.tally.fault(name, WRONG_ANSWER)
         self._set_status(name, "failed", reason)
+        self._wrong_answer(name, f"standby dropped: it answered the canary wrongly ({reason})")
+        log.warning("standby %s dropped: it answered the canary wrongly (%s)", name, short(reason))
+        return True
+
+    def _wrong_answer(self, name: str, skipped: str | None = None) -> None:
+        """Count ``name``'s wrong canary answer and keep it out until its backoff is over (``skipped``:
+        noted in the skipped history too)."""
+        self.tally.fault(name, WRONG_ANSWER)
         with self._lock:
             self._backoff.failed(name)
             self._wrong.add(name)
-            self._skip(name, f"standby dropped: it answered the canary wrongly ({reason})")
-        log.warning("standby %s dropped: it answered the canary wrongly (%s)", name, short(reason))
-        return True
+            if skipped is not None:
+                self._skip(name, skipped)
 
     def _switch(self, index: int, reason: str) -> None:
         """Move traffic off ``index`` (exclusive gate held): to its standby, else the next that warms."""

@@ -33,7 +33,7 @@ from veo_edge.serve.health import build_identity
 from veo_edge.serve.metrics import HttpCounters, ServeCollector, make_registry
 from veo_edge.serve.options import ServeOptions
 from veo_edge.serve.protocol import InferRequest, ModelSpec, ProtocolError, load_labels
-from veo_edge.serve.readiness import ReadinessCheck
+from veo_edge.serve.readiness import ReadinessCheck, unloaded
 
 log = logging.getLogger("veo_edge.serve")
 
@@ -217,7 +217,7 @@ class InferenceService:
 
     def _no_backend(self, name: str) -> str:
         if self.runtime is None:
-            return f"model {name!r} is unloaded; POST /v2/repository/models/{name}/load"
+            return unloaded(name)
         return (
             f"no backend is active for model {name!r}, so no canary rule is served and none would answer it "
             "(GET /v2/health/ready says why); retry when the model is ready"
@@ -332,7 +332,7 @@ class InferenceService:
         runtime = self.runtime
         if runtime is None:
             self.counters.infer_rejected["UNAVAILABLE"] += 1
-            raise ProtocolError(f"model {name!r} is unloaded; POST /v2/repository/models/{name}/load", 503)
+            raise ProtocolError(unloaded(name), 503)
         x = request.inputs[model.inputs[0].name]
         try:
             futures = self.alone.run(runtime, x, arrival, self.model.name)

@@ -50,6 +50,12 @@ class RequestTimes:
             self.compute_ns += max(c for _, c in timings)
 
 
+#: the help of ``veo_edge_infer_requests``, per model and in a model set's own collector
+INFER_REQUESTS_HELP = (
+    "Inference requests by protocol and outcome, as an HTTP status (200: answered; 400: refused unparsed)"
+)
+
+
 class HttpCounters:
     """What the transports saw: HTTP responses by route name (never the raw path) and status, rejections
     by reason, and inference requests by protocol (http, grpc) and outcome (the HTTP status), and their
@@ -225,7 +231,7 @@ class ServeCollector:
         yield from _fault_metrics(s, ml, mv)
         requests = CounterMetricFamily(
             "veo_edge_infer_requests",
-            "Inference requests by protocol and outcome, as an HTTP status (200: answered; 400: refused unparsed)",
+            INFER_REQUESTS_HELP,
             labels=[*ml, "protocol", "code"],
         )
         for (protocol, code), n in sorted(self.http.infer_requests.items()):
@@ -320,7 +326,7 @@ def infer_requests_family(counters: HttpCounters):
 
     family = CounterMetricFamily(
         "veo_edge_infer_requests",
-        "Inference requests by protocol and outcome, as an HTTP status (200: answered; 400: refused unparsed)",
+        INFER_REQUESTS_HELP,
         labels=["model", "version", "protocol", "code"],
     )
     add_unrouted(family, counters)

@@ -31,6 +31,11 @@ from veo_edge.serve.health import load_canary
 log = logging.getLogger("veo_edge.serve")
 
 
+def unloaded(model: str) -> str:
+    """Why model ``model`` answers nothing while unloaded, and what loads it (readiness, infer, canary)."""
+    return f"model {model!r} is unloaded; POST /v2/repository/models/{model}/load"
+
+
 def _skipped_line(state: dict[str, Any]) -> str:
     """The runtime ``state``'s skipped backends and why, in words (``none`` when it skipped none)."""
     skipped = state.get("skipped") or []
@@ -190,7 +195,7 @@ class ReadinessCheck:
         if draining:
             reasons.append("the server is shutting down")
         if runtime is None:
-            reasons.append(f"model {model!r} is unloaded; POST /v2/repository/models/{model}/load")
+            reasons.append(unloaded(model))
         else:
             reasons += self.reasons(state)
         body: dict[str, Any] = {
