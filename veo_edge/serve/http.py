@@ -161,9 +161,8 @@ class HttpApp:
                 close = False
             except HttpError as e:
                 status, headers, payload, close = e.status, [], error_body(str(e)), e.close
-                self._count_infer(
-                    route, params, status
-                )  # refused before the service saw it: 401, 413, 503, ...
+                if route == "model_infer":  # refused before the service saw it: 401/403, 413, 503, ...
+                    self.service.rejected(params["name"], "http", status, _REASONS.get(status, "INVALID"))
                 if status == 401:
                     headers = [(b"www-authenticate", b'Bearer realm="veo-edge"')]
             except ProtocolError as e:
@@ -189,7 +188,7 @@ class HttpApp:
     def _count_infer(self, route: str, params: dict, status: int) -> None:
         """Count an infer request that ended in ``status`` unless the service already counted it."""
         if route == "model_infer" and not params.get("counted"):
-            self.service.rejected(params["name"], "http", status, _REASONS.get(status, "INVALID"))
+            self.service.rejected(params["name"], "http", status, _REASONS[status])
 
     def _authorize(self, scope: dict, route: str) -> None:
         """The access policy (:mod:`veo_edge.serve.control`), before a body is read: a refused request's
