@@ -182,6 +182,7 @@ class LoadDriver:
         self.workers = workers if rate is not None else int(concurrency or 1)
         self.max_backlog = max_backlog or max(64, min(int((rate or 0) * BACKLOG_S), MAX_BACKLOG))
         self._stop = threading.Event()
+        self._cut_ns: int | None = None  # arrivals due before this are issued, sent or not (finish)
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
 
@@ -246,8 +247,21 @@ class LoadDriver:
                 self._queue.put(start + int((k + i) * period_ns))
             self.recorder.not_sent(n - sent, f"the client's backlog of {self.max_backlog} arrivals was full")
             k += n
+        self._behind(start, period_ns, last, k)
         for _ in range(self.workers):
             self._queue.put(None)
+
+    def _behind(self, start: int, period_ns: float, last: int | None, k: int) -> None:
+        """Arrivals due before the cut that this thread never got to (its CPU could not keep the rate:
+        it was behind when the run stopped) are issued and not sent, so none goes uncounted."""
+        cut = self._cut_ns if self._cut_ns is not None else time.perf_counter_ns()
+        due = max(0, math.ceil((cut - start) / period_ns))  # arrivals k with start + k * period < cut
+        n = (due if last is None else min(due, last)) - k
+        if n > 0:
+            self.recorder.issue(n)
+            self.recorder.not_sent(
+                n, "due while the client's scheduler was behind; its CPU could not keep the rate"
+            )
 
     def _open_worker(self) -> None:
         while True:
@@ -267,8 +281,11 @@ class LoadDriver:
             self.recorder.issue()
             self._one(time.perf_counter_ns())
 
-    def finish(self) -> None:
-        """Stop issuing: arrivals still in the backlog are not sent; requests in flight go on."""
+    def finish(self, at_end: bool = False) -> None:
+        """Stop issuing: arrivals still in the backlog are not sent; requests in flight go on.
+        ``at_end``: the run reached its duration, so every arrival due before the end counts as issued
+        (a scheduler that fell behind counts the rest as not sent), else those due before now."""
+        self._cut_ns = self._end_ns if at_end and self._end_ns is not None else time.perf_counter_ns()
         self._stop.set()
         if self.rate is None:
             return

@@ -215,7 +215,7 @@ def _loop(store, config, sampler, recorder, driver, clock, stop, progress) -> st
         if time.monotonic() >= end:
             break
     t_end = clock()
-    driver.finish()
+    driver.finish(at_end=reason == "complete")
     drain_until = time.monotonic() + config.timeout_s + 5.0  # every request ends within its timeout
     while driver.busy and time.monotonic() < drain_until:  # draining: windows go on covering the run
         time.sleep(min(max(state.next_tick - time.monotonic(), 0.0), 0.05))
