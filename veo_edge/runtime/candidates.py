@@ -241,8 +241,14 @@ class Candidates:
                 if runner is not None:
                     self._held[j] = Held(runner)
                     self._set_status(self.names[j], "standby")
-                    again = f" again (last refused: {short(was.reason or '')})" if was.reason else ""
-                    log.info("backend %s warm as a standby%s", self.names[j], again)
+                    if was.reason:  # back after a drop, which was a WARNING: its return shows as one too
+                        log.warning(
+                            "backend %s warm as a standby again (last refused: %s)",
+                            self.names[j],
+                            short(was.reason),
+                        )
+                    else:
+                        log.info("backend %s warm as a standby", self.names[j])
             return self._held.get(j)
 
     def _record(self, frm: str, to: str | None, reason: str, failure: bool = False) -> None:
