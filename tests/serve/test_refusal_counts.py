@@ -1,7 +1,8 @@
 """Every refused inference request shows in ``veo_edge_infer_requests_total{protocol,code}``, those the
 transport refuses before the service sees them too: HTTP 401 (no token), 413 (over --max-request-bytes)
 and 404 (no such model or version), a gRPC ModelInfer without its token (401), one whose message does
-not decode (400) and one naming a model the server does not have (404). A request refused before any
+not decode (400), one naming a model the server does not have (404) and one over --max-request-bytes,
+which grpcio refuses before any handler (413). A request refused before any
 model of the server was known counts under ``model=""`` (never under the name a client sent). They
 were counted only by route in ``veo_edge_http_responses_total`` (HTTP), or nowhere (gRPC)."""
 
@@ -41,6 +42,17 @@ def _body() -> tuple[bytes, dict[str, str]]:
     return body, {"Inference-Header-Content-Length": str(hlen)}
 
 
+def _message(x: np.ndarray) -> bytes:
+    """A serialized ModelInferRequest for vit-nano carrying ``x`` as raw contents."""
+    from tritonclient.grpc import service_pb2
+
+    req = service_pb2.ModelInferRequest(model_name="vit-nano")
+    tensor = req.inputs.add(name="input", datatype="FP32")
+    tensor.shape.extend(x.shape)
+    req.raw_input_contents.append(x.tobytes())
+    return req.SerializeToString()
+
+
 def _grpc_refused(server, message, metadata=()) -> grpc.StatusCode:
     with grpc.insecure_channel(server.grpc_url) as channel:
         call = channel.unary_unary(MODEL_INFER)
@@ -66,6 +78,11 @@ def test_refusals_before_the_service_count_by_protocol_and_code(serve, nano_buil
 
     meta = (("authorization", f"Bearer {TOKEN}"),)
     assert _grpc_refused(server, b"\x0b", meta) == grpc.StatusCode.INVALID_ARGUMENT  # does not decode
+    # over --max-request-bytes: grpcio refuses it as it comes, before any handler could read it, with the
+    # token or without; each counts as 413 under model "" (no model is known from an unread message)
+    big = _message(np.zeros((1, 3, 100, 100), np.float32))  # 120 kB, over the 64 kB cap
+    assert _grpc_refused(server, big, meta) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert _grpc_refused(server, big) == grpc.StatusCode.RESOURCE_EXHAUSTED
     client = grpcclient.InferenceServerClient(server.grpc_url)
     x = np.zeros((1, 3, 32, 32), np.float32)
     inp = grpcclient.InferInput("input", list(x.shape), "FP32")
@@ -83,6 +100,7 @@ def test_refusals_before_the_service_count_by_protocol_and_code(serve, nano_buil
         ("vit-nano", "http", "200"): 1,
         ("", "grpc", "400"): 1,
         ("", "grpc", "404"): 1,
+        ("", "grpc", "413"): 2,
         ("vit-nano", "grpc", "401"): 1,
     }
 

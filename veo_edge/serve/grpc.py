@@ -28,7 +28,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from veo_edge.serve.bodies import BodyBudget, HttpError
 from veo_edge.serve.control import AccessPolicy
-from veo_edge.serve.grpc_extensions import ExtensionsServicer, status_code
+from veo_edge.serve.grpc_extensions import NO_MESSAGE, ExtensionsServicer, status_code
 from veo_edge.serve.protocol import (
     DATATYPES,
     InferRequest,
@@ -274,6 +274,18 @@ class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServic
         await context.abort(
             grpc.StatusCode.UNIMPLEMENTED, "ModelStreamInfer: veo-edge serve does not stream; use ModelInfer"
         )
+
+    async def ModelInferOne(self, requests: Any, context: Any) -> Any:
+        """ModelInfer as the server registers it: client-streaming, the same on the wire (unary clients
+        call it unchanged), so that it runs before its message arrives. grpcio refuses a message over
+        --max-request-bytes (``grpc.max_receive_message_length``) before any unary handler, where it was
+        counted nowhere; here it reads as no message at all and counts as 413 under model "", as an HTTP
+        body over the cap does (a client that sent no message, or gave up before it, counts so too)."""
+        request = await context.read()
+        if request is grpc.aio.EOF:
+            self.service.rejected(None, "grpc", 413)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, NO_MESSAGE)
+        return await self.ModelInfer(request, context)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         request, raw, size = request if isinstance(request, tuple) else (request, None, 0)

@@ -35,6 +35,13 @@ def status_code(e: ProtocolError) -> grpc.StatusCode:
     return STATUS_CODES.get(e.status, grpc.StatusCode.UNKNOWN)
 
 
+#: ModelInfer's answer when no message arrived (grpcio refused it as too large, or none was sent)
+NO_MESSAGE = (
+    "no ModelInferRequest arrived: it was over the server's --max-request-bytes (refused as it came) or "
+    "the client sent none"
+)
+
+
 class AccessInterceptor(grpc.aio.ServerInterceptor):
     """Refuses a call whose group needs the bearer token (``authorization`` metadata) without the right one;
     installed only when some group does, so an open server pays nothing per call."""
@@ -54,12 +61,26 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
             handler = await continuation(details)
 
             async def deny(request: Any, context: Any) -> Any:
-                if method == "ModelInfer" and self.refused is not None:
+                await context.abort(code, message)
+
+            async def deny_infer(requests: Any, context: Any) -> Any:  # ModelInfer: client-streaming
+                request = await context.read()
+                if request is grpc.aio.EOF:  # over --max-request-bytes: grpcio answered it, counted as 413
+                    if self.refused is not None:
+                        self.refused(None, 413)
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, NO_MESSAGE)
+                if self.refused is not None:
                     message_ = request[0] if isinstance(request, tuple) else request
                     self.refused(getattr(message_, "model_name", None), status)
                 await context.abort(code, message)
 
-            if handler is None or handler.unary_unary is None:  # streaming RPCs: none is implemented
+            if handler is None:
+                return handler
+            if method == "ModelInfer" and handler.stream_unary is not None:
+                return grpc.stream_unary_rpc_method_handler(
+                    deny_infer, handler.request_deserializer, handler.response_serializer
+                )
+            if handler.unary_unary is None:  # streaming RPCs: none is implemented
                 return handler
             return grpc.unary_unary_rpc_method_handler(
                 deny, handler.request_deserializer, handler.response_serializer

@@ -93,8 +93,9 @@ def _handlers(servicer: Any) -> dict[str, Any]:
     capture = Capture()
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, capture)
     handlers = capture.handlers
-    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        servicer.ModelInfer,
+    # client-streaming (one message, the same wire): see InferenceServicer.ModelInferOne
+    handlers["ModelInfer"] = grpc.stream_unary_rpc_method_handler(
+        servicer.ModelInferOne,
         request_deserializer=lambda data: (*deserialize_or_refuse(data), len(data)),
         response_serializer=service_pb2.ModelInferResponse.SerializeToString,
     )
