@@ -57,5 +57,7 @@ def test_a_run_stopped_early_counts_the_arrivals_due_by_the_stop_not_those_after
     assert driver.stop(5.0) == 0
     row, _ = rec.roll(0.0, 1.0)
     due = rate * (t - driver._t0_ns / 1e9)
-    assert due - 5 <= row["issued"] <= due + 50  # due by the stop (this thread's own delay), far below 10 000
+    assert (
+        due - 5 <= row["issued"] <= due + 250
+    )  # due by the stop (plus a preempted moment), far below 10 000
     assert row["ok"] + row["not_sent"] == row["issued"] and row["errors"] == row["timeouts"] == 0
