@@ -8,6 +8,7 @@ were counted only by route in ``veo_edge_http_responses_total`` (HTTP), or nowhe
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,24 @@ def _grpc_refused(server, message, metadata=()) -> grpc.StatusCode:
     return info.value.code()
 
 
+def _grpc_no_message_by_the_deadline(server, metadata) -> grpc.StatusCode:
+    """A ModelInfer call (streamed, as the server registers it) whose message is still to come when its
+    0.5 s deadline passes."""
+    release = threading.Event()
+
+    def messages():
+        release.wait(30)  # the message never comes before the deadline
+        return
+        yield
+
+    try:
+        with grpc.insecure_channel(server.grpc_url) as channel, pytest.raises(grpc.RpcError) as info:
+            channel.stream_unary(MODEL_INFER)(messages(), timeout=0.5, metadata=metadata)
+    finally:
+        release.set()
+    return info.value.code()
+
+
 def test_refusals_before_the_service_count_by_protocol_and_code(serve, nano_build: Path, tmp_path: Path):
     token = tmp_path / "token"
     token.write_text(TOKEN + "\n")
@@ -83,6 +102,8 @@ def test_refusals_before_the_service_count_by_protocol_and_code(serve, nano_buil
     big = _message(np.zeros((1, 3, 100, 100), np.float32))  # 120 kB, over the 64 kB cap
     assert _grpc_refused(server, big, meta) == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert _grpc_refused(server, big) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # a client whose deadline passes before its message came gave up: 499, not "too large"
+    assert _grpc_no_message_by_the_deadline(server, meta) == grpc.StatusCode.DEADLINE_EXCEEDED
     client = grpcclient.InferenceServerClient(server.grpc_url)
     x = np.zeros((1, 3, 32, 32), np.float32)
     inp = grpcclient.InferInput("input", list(x.shape), "FP32")
@@ -101,6 +122,7 @@ def test_refusals_before_the_service_count_by_protocol_and_code(serve, nano_buil
         ("", "grpc", "400"): 1,
         ("", "grpc", "404"): 1,
         ("", "grpc", "413"): 2,
+        ("", "grpc", "499"): 1,
         ("vit-nano", "grpc", "401"): 1,
     }
 

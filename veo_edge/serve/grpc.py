@@ -28,7 +28,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from veo_edge.serve.bodies import BodyBudget, HttpError
 from veo_edge.serve.control import AccessPolicy
-from veo_edge.serve.grpc_extensions import NO_MESSAGE, ExtensionsServicer, status_code
+from veo_edge.serve.grpc_extensions import NO_MESSAGE, ExtensionsServicer, no_message, status_code
 from veo_edge.serve.protocol import (
     DATATYPES,
     InferRequest,
@@ -280,11 +280,13 @@ class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServic
         call it unchanged), so that it runs before its message arrives. grpcio refuses a message over
         --max-request-bytes (``grpc.max_receive_message_length``) before any unary handler, where it was
         counted nowhere; here it reads as no message at all and counts as 413 under model "", as an HTTP
-        body over the cap does (a client that sent no message, or gave up before it, counts so too)."""
+        body over the cap does; a call past its deadline before its message came counts as 499
+        (:func:`~veo_edge.serve.grpc_extensions.no_message`)."""
         request = await context.read()
         if request is grpc.aio.EOF:
-            self.service.rejected(None, "grpc", 413)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, NO_MESSAGE)
+            status, code = no_message(context)
+            self.service.rejected(None, "grpc", status)
+            await context.abort(code, NO_MESSAGE)
         return await self.ModelInfer(request, context)
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:

@@ -40,6 +40,20 @@ NO_MESSAGE = (
     "no ModelInferRequest arrived: it was over the server's --max-request-bytes (refused as it came) or "
     "the client sent none"
 )
+#: a call whose deadline was at most this far (s) when no message came gave up on its deadline (the
+#: client's own timer fires a moment before the server's)
+DEADLINE_SLACK_S = 0.1
+
+
+def no_message(context: Any) -> tuple[int, Any]:
+    """What a ModelInfer call that ended with no message counts as, and its status: 499 (the client gave
+    up: its deadline had passed, or all but) or 413 (grpcio refused the message as over
+    --max-request-bytes). A client that cancels before its message is whole, with no deadline, reads the
+    same as the 413 on the server and counts there too."""
+    left = context.time_remaining()
+    if left is not None and left <= DEADLINE_SLACK_S:
+        return 499, grpc.StatusCode.DEADLINE_EXCEEDED
+    return 413, grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class AccessInterceptor(grpc.aio.ServerInterceptor):
@@ -65,10 +79,11 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
 
             async def deny_infer(requests: Any, context: Any) -> Any:  # ModelInfer: client-streaming
                 request = await context.read()
-                if request is grpc.aio.EOF:  # over --max-request-bytes: grpcio answered it, counted as 413
+                if request is grpc.aio.EOF:  # too large (grpcio answered it) or past its deadline
+                    status_, code_ = no_message(context)
                     if self.refused is not None:
-                        self.refused(None, 413)
-                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, NO_MESSAGE)
+                        self.refused(None, status_)
+                    await context.abort(code_, NO_MESSAGE)
                 if self.refused is not None:
                     message_ = request[0] if isinstance(request, tuple) else request
                     self.refused(getattr(message_, "model_name", None), status)
