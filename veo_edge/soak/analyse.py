@@ -152,7 +152,8 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
         "mode": config.mode,
         "batch": config.batch,
         "planned_s": config.duration_s,
-        "recorded_s": recorded,
+        "ran_s": store.ran_s(),  # what counts toward the duration: the drains after each segment not
+        "recorded_s": recorded,  # the time line, drains included
         "warmup_s": warm,
         "window_s": config.window_s,
         "sample_interval_s": config.sample_s,

@@ -186,11 +186,16 @@ class LoadDriver:
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
 
-    def start(self, duration_s: float | None = None) -> LoadDriver:
+    def start(self, duration_s: float | None = None, ran_s: float = 0.0, issued: int = 0) -> LoadDriver:
         """Start issuing; with ``duration_s``, no request is issued (open loop: scheduled) after that
-        long, whenever ``finish`` comes."""
+        long, whenever ``finish`` comes. A resumed run passes the run time its earlier segments spent
+        issuing (``ran_s``) and the arrivals they issued: open loop, its arrivals go on from there (arrival
+        k of the run is due k / rate into its run time), so a run issues rate x duration in all."""
         self._t0_ns = time.perf_counter_ns()
         self._end_ns = None if duration_s is None else self._t0_ns + int(duration_s * 1e9)
+        self._grid_ns = self._t0_ns - round(ran_s * 1e9)  # where the run's arrival 0 was due
+        self._first = issued
+        self._total_ns = None if duration_s is None else round((ran_s + duration_s) * 1e9)
         if self.rate is not None:
             self._spawn(self._schedule, "veo-soak-scheduler")
             for i in range(self.workers):
@@ -224,38 +229,38 @@ class LoadDriver:
     def _schedule(self) -> None:
         assert self.rate is not None
         period_ns = 1e9 / self.rate
-        start = self._t0_ns
-        # arrivals due before the end: exactly rate x duration
-        last = None if self._end_ns is None else math.ceil((self._end_ns - start) / period_ns)
-        k = 0  # arrivals issued so far: arrival k is due at start + k * period
+        start, grid = self._t0_ns, self._grid_ns
+        # arrivals due before the end of the run: exactly rate x duration
+        last = None if self._total_ns is None else math.ceil(self._total_ns / period_ns)
+        k = self._first  # the run's arrivals issued so far: arrival k is due at grid + k * period
         while not self._stop.is_set():
             if last is not None and k >= last:
                 self._stop.wait()
                 break
-            due = start + int(k * period_ns)
+            due = grid + int(k * period_ns)
             delay = (due - time.perf_counter_ns()) / 1e9
             if delay > 0:
                 if self._stop.wait(delay):
                     break
                 continue
             # every arrival due by now (more than one when this thread fell behind) is issued at once
-            n = int((time.perf_counter_ns() - start) // period_ns) + 1
+            n = int((time.perf_counter_ns() - grid) // period_ns) + 1
             n = (n if last is None else min(n, last)) - k
             sent = min(n, max(self.max_backlog - self._queue.qsize(), 0))
             self.recorder.issue(n)
-            for i in range(sent):
-                self._queue.put(start + int((k + i) * period_ns))
+            for i in range(sent):  # an arrival due before this segment started counts from its start
+                self._queue.put(max(grid + int((k + i) * period_ns), start))
             self.recorder.not_sent(n - sent, f"the client's backlog of {self.max_backlog} arrivals was full")
             k += n
-        self._behind(start, period_ns, last, k)
+        self._behind(grid, period_ns, last, k)
         for _ in range(self.workers):
             self._queue.put(None)
 
-    def _behind(self, start: int, period_ns: float, last: int | None, k: int) -> None:
+    def _behind(self, grid: int, period_ns: float, last: int | None, k: int) -> None:
         """Arrivals due before the cut that this thread never got to (its CPU could not keep the rate:
         it was behind when the run stopped) are issued and not sent, so none goes uncounted."""
         cut = self._cut_ns if self._cut_ns is not None else time.perf_counter_ns()
-        due = max(0, math.ceil((cut - start) / period_ns))  # arrivals k with start + k * period < cut
+        due = max(0, math.ceil((cut - grid) / period_ns))  # arrivals k with grid + k * period < cut
         n = (due if last is None else min(due, last)) - k
         if n > 0:
             self.recorder.issue(n)

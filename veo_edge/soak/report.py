@@ -98,8 +98,9 @@ def markdown(r: dict[str, Any]) -> str:
         f"# Soak report: {verdict}",
         "",
         f"- target: `{run['target']}` ({run['kind']}), {run['mode']}, batch {run['batch']}",
-        f"- ran {format_duration(run['recorded_s'])} of {format_duration(run['planned_s'])} "
-        f"({run['status']}, {len(run['segments'])} segment(s)), warm-up {format_duration(run['warmup_s'])} per segment",
+        f"- ran {format_duration(run.get('ran_s', run['recorded_s']))} of {format_duration(run['planned_s'])} "
+        f"({run['status']}, {len(run['segments'])} segment(s); recorded {format_duration(run['recorded_s'])}, "
+        f"the drains included), warm-up {format_duration(run['warmup_s'])} per segment",
         *_request_lines(req),
         *(
             [

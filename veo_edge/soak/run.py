@@ -109,7 +109,7 @@ def resume(run_dir: Path, *, live: bool = True) -> Path:
             )
         _refuse_if_running(store, run_dir)
         config = SoakConfig.from_dict(meta["config"])
-        if store.recorded_until() >= config.duration_s:
+        if store.ran_s() >= config.duration_s - 1e-6:  # run time, not the drains recorded after it
             store.set_status("complete")
         else:
             clock = RunClock(store.recorded_until())  # where begin_segment puts the new segment
@@ -169,6 +169,7 @@ def _run_segment(
     try:
         rng = np.random.default_rng(config.seed)
         batch = rng.standard_normal((config.batch, *shape)).astype(dtype)
+        ran_s, issued = store.ran_s(), store.issued()  # what earlier segments ran and issued
         segment, offset = store.begin_segment(os.getpid())
         store.add_event(offset, "segment", f"segment {segment} started at {offset:.1f} s (pid {os.getpid()})")
         store.commit()
@@ -185,7 +186,7 @@ def _run_segment(
         )
         title = f"veo-edge soak: {target.name} ({config.mode}, batch {config.batch})"
         with _Stop() as stop, Progress(config.duration_s, title, enabled=live) as progress:
-            reason = _loop(store, config, sampler, recorder, driver, clock, stop, progress)
+            reason = _loop(store, config, sampler, recorder, driver, clock, stop, progress, (ran_s, issued))
         sampler.close()
     finally:
         target.close()
@@ -193,18 +194,22 @@ def _run_segment(
     log.info("soak segment ended: %s", reason)
 
 
-def _loop(store, config, sampler, recorder, driver, clock, stop, progress) -> str:
+def _loop(store, config, sampler, recorder, driver, clock, stop, progress, done) -> str:
     """Ticks (samples, windows, commits) until the planned end or a stop signal, then stops issuing:
     arrivals still in the client's backlog are not sent, and the ticks go on while the requests in flight
-    end (each within its timeout). The run's time line ends when the last one has."""
+    end (each within its timeout). The segment's run time (what counts toward ``--duration``) ends where
+    it stopped issuing; its time line ends when the last request has. ``done``: the run time and
+    arrivals of earlier segments; this one runs the rest."""
     offset = clock.offset
+    ran_s, issued = done
+    length = config.duration_s - ran_s
     state = _TickState(store, config, sampler, recorder, clock, progress, offset)
     state.baseline()  # the counters as they stand before this segment's first request
     seg_start = clock.start()
     state.next_tick = seg_start + config.sample_s
-    driver.start(config.duration_s - offset)
+    driver.start(length, ran_s=ran_s, issued=issued)
     reason = "complete"
-    end = seg_start + (config.duration_s - offset)
+    end = seg_start + length
     while True:  # issuing
         wait = min(state.next_tick, end) - time.monotonic()
         if stop.event.wait(max(wait, 0.0)):
@@ -216,6 +221,7 @@ def _loop(store, config, sampler, recorder, driver, clock, stop, progress) -> st
             break
     t_end = clock()
     driver.finish(at_end=reason == "complete")
+    store.stopped_issuing(t_end)
     drain_until = time.monotonic() + config.timeout_s + 5.0  # every request ends within its timeout
     while driver.busy and time.monotonic() < drain_until:  # draining: windows go on covering the run
         time.sleep(min(max(state.next_tick - time.monotonic(), 0.0), 0.05))

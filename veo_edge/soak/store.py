@@ -28,7 +28,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS segments (
     id INTEGER PRIMARY KEY, pid INTEGER, started_wall REAL NOT NULL, offset_s REAL NOT NULL,
-    ended_wall REAL, end_reason TEXT, in_flight_at_end INTEGER);
+    ended_wall REAL, end_reason TEXT, in_flight_at_end INTEGER, issued_until REAL);
 CREATE TABLE IF NOT EXISTS windows (
     segment INTEGER NOT NULL, t0 REAL NOT NULL, t1 REAL NOT NULL,
     issued INTEGER NOT NULL, ok INTEGER NOT NULL, errors INTEGER NOT NULL, timeouts INTEGER NOT NULL,
@@ -62,8 +62,11 @@ WINDOW_COLUMNS = [
     "not_sent",
     "kinds",
 ]
-#: columns added to ``windows`` since format 1 was first written (added on open; absent reads as NULL)
-_ADDED_WINDOW_COLUMNS = {"not_sent": "INTEGER", "kinds": "TEXT"}
+#: columns added since format 1 was first written (added on open; absent reads as NULL)
+_ADDED_COLUMNS = {
+    "windows": {"not_sent": "INTEGER", "kinds": "TEXT"},
+    "segments": {"issued_until": "REAL"},
+}
 SAMPLE_COLUMNS = [
     "segment",
     "t",
@@ -157,11 +160,12 @@ class RunStore:
                 f"{db} has soak format {meta.get('format_version')!r}, this veo-edge reads {FORMAT_VERSION}; "
                 "report it with the veo-edge that recorded it"
             )
-        have = {r[1] for r in conn.execute("PRAGMA table_info(windows)")}
         with conn:
-            for name, kind in _ADDED_WINDOW_COLUMNS.items():
-                if name not in have:
-                    conn.execute(f"ALTER TABLE windows ADD COLUMN {name} {kind}")
+            for table, added in _ADDED_COLUMNS.items():
+                have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+                for name, kind in added.items():
+                    if name not in have:
+                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
         return cls(run_dir, conn)
 
     # -- meta -------------------------------------------------------------------------------------
@@ -194,6 +198,13 @@ class RunStore:
             self._set_meta(status="running")
         self.segment = int(cur.lastrowid)
         return self.segment, offset
+
+    def stopped_issuing(self, t: float) -> None:
+        """The current segment stopped issuing at run time ``t`` (its planned end or an interruption):
+        its run time ends there, the drain after it not counted (committed at once, so a segment killed
+        while it drains keeps it)."""
+        with self.conn:
+            self.conn.execute("UPDATE segments SET issued_until = ? WHERE id = ?", (t, self.segment))
 
     def end_segment(self, reason: str, in_flight: int) -> None:
         with self.conn:
@@ -236,6 +247,25 @@ class RunStore:
         w = self.conn.execute("SELECT MAX(t1) FROM windows").fetchone()[0] or 0.0
         s = self.conn.execute("SELECT MAX(t) FROM samples").fetchone()[0] or 0.0
         return float(max(w, s))
+
+    def ran_s(self) -> float:
+        """Run time (s) spent issuing, summed over the segments: what counts toward ``--duration``. A
+        segment's ends where it stopped issuing (its drain is recorded but not counted); one killed
+        before that ends at its last commit."""
+        ran = 0.0
+        for seg_id, offset, until in self.conn.execute("SELECT id, offset_s, issued_until FROM segments"):
+            if until is None:
+                w = self.conn.execute("SELECT MAX(t1) FROM windows WHERE segment = ?", (seg_id,)).fetchone()[
+                    0
+                ]
+                s = self.conn.execute("SELECT MAX(t) FROM samples WHERE segment = ?", (seg_id,)).fetchone()[0]
+                until = max(w or offset, s or offset)
+            ran += max(until - offset, 0.0)
+        return ran
+
+    def issued(self) -> int:
+        """Arrivals issued so far, as committed (a resumed open loop continues its arrivals after them)."""
+        return int(self.conn.execute("SELECT COALESCE(SUM(issued), 0) FROM windows").fetchone()[0])
 
     def rows(self, table: str) -> Iterator[dict[str, Any]]:
         if table not in ("windows", "samples", "events", "segments"):
