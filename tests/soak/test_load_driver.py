@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from veo_edge.soak.load import LoadDriver, Recorder
+from veo_edge.soak.load import ERRORS_KEPT, LoadDriver, Recorder
 
 
 class _Answers:
@@ -61,3 +61,23 @@ def test_a_run_stopped_early_counts_the_arrivals_due_by_the_stop_not_those_after
         due - 5 <= row["issued"] <= due + 250
     )  # due by the stop (plus a preempted moment), far below 10 000
     assert row["ok"] + row["not_sent"] == row["issued"] and row["errors"] == row["timeouts"] == 0
+
+
+def test_arrivals_not_sent_are_counted_by_reason_and_leave_the_error_messages_their_slots():
+    rec = Recorder()
+    rec.issue(12 + 100 + 6)
+    for _ in range(12):  # many small shortfalls, as a scheduler that keeps finding its backlog full
+        rec.not_sent(1, "backlog full")
+    rec.not_sent(100, "still queued at the end")
+    for i in range(6):
+        rec.complete(1.0, "error", f"HTTP 503 number {i}")
+    row, messages = rec.roll(0.0, 1.0)
+    assert row["not_sent"] == 112 and row["not_sent_why"] == {
+        "backlog full": 12,
+        "still queued at the end": 100,
+    }
+    assert sum(row["not_sent_why"].values()) == row["not_sent"]
+    errors = [m for kind, m in messages if kind == "error"]
+    assert errors == [f"HTTP 503 number {i}" for i in range(ERRORS_KEPT)]  # not crowded out by the backlog
+    assert ("backlog", "12 not sent: backlog full") in messages
+    assert ("backlog", "100 not sent: still queued at the end") in messages

@@ -59,6 +59,17 @@ def test_an_offered_rate_far_above_the_server_is_reported_not_hidden(
     assert not checks["rate"]["pass"] and "NOT sustained" in checks["rate"]["detail"]
     assert checks["server"]["pass"] and checks["duration"]["pass"]
     assert "**the offered rate was not sustained**" in md and "not sent (client backlog)" in md
+    # every arrival not sent has its reason, in report.json and report.md, adding up to not_sent
+    why = req["not_sent_why"]
+    assert sum(why.values()) == req["not_sent"] and all(n > 0 for n in why.values()), why
+    assert set(why) <= {
+        "the client's backlog of 100000 arrivals was full",
+        f"waited in the client's backlog past the {timeout:g} s timeout",
+        "still in the client's backlog when the run ended",
+        "due while the client's scheduler was behind; its CPU could not keep the rate",
+    }, why
+    assert f"- not sent, by reason ({req['not_sent']} in all):" in md
+    assert all(f"  - {n}: {reason}" in md for reason, n in why.items()), md
     _windows_cover(report)
 
 

@@ -41,6 +41,8 @@ __all__ = ["MIN_FIT_SAMPLES", "MIN_JITTER_WINDOWS", "REPORT_FORMAT", "REPORT_VER
 REPORT_FORMAT = "veo-edge-soak-report"
 REPORT_VERSION = 1
 MIN_WINDOW_SAMPLES = 10
+#: arrivals not sent in windows recorded before their reasons were counted
+UNKNOWN_WHY = "reason not recorded (recorded by an older veo-edge)"
 #: per-window detail kept in the report (consecutive windows merged beyond: see ``windows_stride``)
 MAX_WINDOWS_KEPT = 2000
 
@@ -72,9 +74,12 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     per_seg: dict[int, dict[str, int]] = {s["id"]: {"issued": 0, "done": 0} for s in segments}
     totals = {"issued": 0, "ok": 0, "errors": 0, "timeouts": 0, "not_sent": 0}
     kinds: dict[str, int] | None = None  # errors by kind (None: a run recorded before they were counted)
+    why: dict[str, int] = {}  # arrivals not sent, by reason
     for w in store.rows("windows"):
         for k in totals:
             totals[k] += w.get(k) or 0
+        for k, n in (json.loads(w["not_sent_why"]) if w.get("not_sent_why") else {}).items():
+            why[k] = why.get(k, 0) + n
         if w.get("kinds"):
             kinds = kinds or {}
             for k, n in json.loads(w["kinds"]).items():
@@ -117,6 +122,9 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     if kinds is None:  # a run recorded before kinds were counted: only errors and timeouts, exactly
         kinds = {k: n for k, n in (("error", totals["errors"]), ("timeout", totals["timeouts"])) if n}
     error_kinds: dict[str, int] = dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+    if totals["not_sent"] > sum(why.values()):  # windows recorded before reasons were counted
+        why[UNKNOWN_WHY] = totals["not_sent"] - sum(why.values())
+    not_sent_why = dict(sorted(why.items(), key=lambda kv: -kv[1]))
     first_errors: list[str] = []
     events = []
     for e in store.rows("events"):
@@ -189,6 +197,7 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
             "in_flight_when_killed": in_flight_killed,
             "samples_per_request": config.batch,
             "error_kinds": error_kinds,
+            "not_sent_why": not_sent_why,
             "first_errors": first_errors,
         },
         "latency_ms": {"overall": percentiles(overall), "after_warmup": steady_p},

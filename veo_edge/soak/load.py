@@ -24,7 +24,8 @@ from veo_edge.soak.targets import RequestError
 
 #: latencies recorded from 1 us to 10 min, 3 significant digits
 LOWEST_US, HIGHEST_US, SIG_FIGS = 1, 600_000_000, 3
-#: error messages kept per window (counts are always complete)
+#: error messages kept per window (counts are always complete; arrivals not sent are counted by reason,
+#: each reason one message with its count)
 ERRORS_KEPT = 5
 #: the open loop's client backlog: arrivals of this many seconds, at most MAX_BACKLOG
 BACKLOG_S, MAX_BACKLOG = 10.0, 100_000
@@ -81,6 +82,7 @@ class Recorder:
     def _reset(self) -> None:
         self._issued = self._ok = self._errors = self._timeouts = self._not_sent = 0
         self._kinds: dict[str, int] = {}
+        self._why: dict[str, int] = {}  # arrivals not sent, by reason
         self._messages: list[tuple[str, str]] = []
 
     def issue(self, n: int = 1) -> None:
@@ -95,8 +97,7 @@ class Recorder:
         with self._lock:
             self.pending -= n
             self._not_sent += n
-            if len(self._messages) < ERRORS_KEPT:
-                self._messages.append(("backlog", f"{n} not sent: {why}"))
+            self._why[why] = self._why.get(why, 0) + n
 
     def complete(self, latency_us: float, kind: str = "ok", message: str | None = None) -> None:
         with self._lock:
@@ -128,8 +129,9 @@ class Recorder:
                 timeouts=self._timeouts,
                 not_sent=self._not_sent,
                 kinds=dict(self._kinds) or None,
+                not_sent_why=dict(self._why) or None,
             )
-            messages = self._messages
+            messages = self._messages + [("backlog", f"{n} not sent: {why}") for why, n in self._why.items()]
             self._reset()
         row = self._summary(h)
         h.reset()

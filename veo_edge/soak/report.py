@@ -82,6 +82,10 @@ def _request_lines(req: dict[str, Any]) -> list[str]:
                 "so the latencies describe only the requests that were"
             )
         )
+    why = req.get("not_sent_why") or {}
+    if why:
+        lines.append(f"- not sent, by reason ({sum(why.values())} in all):")
+        lines += [f"  - {n}: {reason}" for reason, n in why.items()]
     return lines
 
 

@@ -33,7 +33,7 @@ CREATE TABLE IF NOT EXISTS windows (
     segment INTEGER NOT NULL, t0 REAL NOT NULL, t1 REAL NOT NULL,
     issued INTEGER NOT NULL, ok INTEGER NOT NULL, errors INTEGER NOT NULL, timeouts INTEGER NOT NULL,
     samples INTEGER NOT NULL, p50_us REAL, p90_us REAL, p99_us REAL, p999_us REAL, max_us REAL,
-    min_us REAL, mean_us REAL, hist TEXT, not_sent INTEGER, kinds TEXT);
+    min_us REAL, mean_us REAL, hist TEXT, not_sent INTEGER, kinds TEXT, not_sent_why TEXT);
 CREATE TABLE IF NOT EXISTS samples (
     segment INTEGER NOT NULL, t REAL NOT NULL, wall REAL NOT NULL,
     rss INTEGER, uss INTEGER, fds INTEGER, threads INTEGER, gpu_used INTEGER,
@@ -61,10 +61,11 @@ WINDOW_COLUMNS = [
     "hist",
     "not_sent",
     "kinds",
+    "not_sent_why",
 ]
 #: columns added since format 1 was first written (added on open; absent reads as NULL)
 _ADDED_COLUMNS = {
-    "windows": {"not_sent": "INTEGER", "kinds": "TEXT"},
+    "windows": {"not_sent": "INTEGER", "kinds": "TEXT", "not_sent_why": "TEXT"},
     "segments": {"issued_until": "REAL"},
 }
 SAMPLE_COLUMNS = [
@@ -216,8 +217,12 @@ class RunStore:
 
     def add_window(self, row: dict[str, Any]) -> None:
         row = {**row, "segment": self.segment}
-        if isinstance(row.get("kinds"), dict):  # error counts by kind (``load.error_label``)
-            row["kinds"] = json.dumps(row["kinds"], separators=(",", ":"))
+        for key in (
+            "kinds",
+            "not_sent_why",
+        ):  # error counts by kind (``load.error_label``), not sent by reason
+            if isinstance(row.get(key), dict):
+                row[key] = json.dumps(row[key], separators=(",", ":"))
         self._insert("windows", WINDOW_COLUMNS, row)
 
     def add_sample(self, row: dict[str, Any]) -> None:
