@@ -56,7 +56,7 @@ def test_sigkill_keeps_samples_and_resume_completes(nano_build: Path, tmp_path: 
         "0.5s",
     ]
     args += ["--out", str(run), *LENIENT]
-    proc = _start_and_wait(args, db, 3, tmp_path / "first.log")
+    proc = _start_and_wait(args, db, 4, tmp_path / "first.log")  # 3 closed, the 4th open
     os.kill(proc.pid, signal.SIGKILL)
     assert proc.wait(30) == -signal.SIGKILL
     kept_windows, kept_samples = _committed(db, "windows"), _committed(db, "samples")

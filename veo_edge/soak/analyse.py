@@ -87,6 +87,9 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
         per_seg[w["segment"]]["issued"] += w["issued"]
         per_seg[w["segment"]]["done"] += w["ok"] + w["errors"] + w["timeouts"] + (w.get("not_sent") or 0)
         span = max(w["t1"] - w["t0"], 1e-9)
+        h = decode_histogram(w["hist"]) if w["hist"] else None
+        if h is not None and w["p50_us"] is None:  # an open window a SIGKILL left: summarised here
+            w.update({f"{k}_us": v * 1e3 for k, v in (percentiles(h) or {}).items() if k != "count"})
         entry = {
             "t0": w["t0"],
             "t1": w["t1"],
@@ -107,8 +110,7 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
         if len(group) == stride:
             windows.append(_merge(group))
             group = []
-        if w["hist"]:
-            h = decode_histogram(w["hist"])
+        if h is not None:
             overall.add(h)
             if entry["warm"]:
                 steady.add(h)

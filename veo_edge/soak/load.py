@@ -63,8 +63,51 @@ def error_label(kind: str, message: str | None) -> str:
     return f"error: {m.group(1)}" if m else "error"
 
 
+class Window:
+    """One window's outcomes, gathered from the recorder at every sample tick (``Recorder.take_into``),
+    so its row as it stands can be committed at each tick: a SIGKILL loses at most the last sample
+    interval's counts, not a window's."""
+
+    def __init__(self, t0: float) -> None:
+        self.hist = new_histogram()
+        self.start(t0)
+
+    def start(self, t0: float) -> None:
+        self.t0 = t0
+        self.counts = dict(issued=0, ok=0, errors=0, timeouts=0, not_sent=0)
+        self.kinds: dict[str, int] = {}  # errors and timeouts by ``error_label``
+        self.why: dict[str, int] = {}  # arrivals not sent, by reason
+        self.errors_kept = 0
+        if self.hist.get_total_count():
+            self.hist.reset()
+
+    def row(self, t1: float, summary: bool = True) -> dict[str, Any]:
+        """The window as a ``windows`` row ending at ``t1``; ``summary``: with its percentiles (a row
+        rewritten at every tick leaves them to its last: they cost ~50 ms each)."""
+        h = self.hist
+        n = h.get_total_count()
+        row: dict[str, Any] = {"samples": n, "hist": h.encode().decode() if n else None}
+        if n and summary:
+            row.update(
+                p50_us=h.get_value_at_percentile(50.0),
+                p90_us=h.get_value_at_percentile(90.0),
+                p99_us=h.get_value_at_percentile(99.0),
+                p999_us=h.get_value_at_percentile(99.9),
+                max_us=h.get_max_value(),
+                min_us=h.get_min_value(),
+                mean_us=h.get_mean_value(),
+            )
+        row.update(t0=self.t0, t1=t1, **self.counts)
+        row.update(kinds=dict(self.kinds) or None, not_sent_why=dict(self.why) or None)
+        return row
+
+    def not_sent_messages(self) -> list[tuple[str, str]]:
+        """One ``backlog`` message per reason, with the window's count."""
+        return [("backlog", f"{n} not sent: {why}") for why, n in self.why.items()]
+
+
 class Recorder:
-    """Outcomes of the current window; ``roll`` hands the window over and starts the next.
+    """Outcomes since the last ``take_into``, which hands them to the current window.
 
     Every arrival is ``issue``d once and ends once: answered, an error, a timeout or not sent;
     ``pending`` is those not ended yet (in flight, or queued in the client's backlog)."""
@@ -74,8 +117,8 @@ class Recorder:
         self.pending = 0
         self.total_ok = 0
         self.total_errors = 0
-        # two histograms for the whole run, swapped at each window: no allocation per window, and the
-        # finished one is summarised outside the lock
+        self.total_not_sent = 0
+        # swapped with an empty one at each take: the answers' histogram is merged outside the lock
         self._hist, self._spare = new_histogram(), new_histogram()
         self._reset()
 
@@ -97,6 +140,7 @@ class Recorder:
         with self._lock:
             self.pending -= n
             self._not_sent += n
+            self.total_not_sent += n
             self._why[why] = self._why.get(why, 0) + n
 
     def complete(self, latency_us: float, kind: str = "ok", message: str | None = None) -> None:
@@ -118,8 +162,9 @@ class Recorder:
             if len(self._messages) < ERRORS_KEPT:
                 self._messages.append((kind, message or kind))
 
-    def roll(self, t0: float, t1: float) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-        """The finished window as a ``windows`` row, and its kept error messages."""
+    def take_into(self, window: Window) -> list[tuple[str, str]]:
+        """Add the outcomes since the last take to ``window`` (one thread calls this); returns the error
+        messages it keeps (``ERRORS_KEPT`` a window)."""
         with self._lock:
             h, self._hist = self._hist, self._spare
             counts = dict(
@@ -128,35 +173,31 @@ class Recorder:
                 errors=self._errors,
                 timeouts=self._timeouts,
                 not_sent=self._not_sent,
-                kinds=dict(self._kinds) or None,
-                not_sent_why=dict(self._why) or None,
             )
-            messages = self._messages + [("backlog", f"{n} not sent: {why}") for why, n in self._why.items()]
+            kinds, why, messages = self._kinds, self._why, self._messages
             self._reset()
-        row = self._summary(h)
-        h.reset()
-        self._spare = h  # roll is called from one thread only
-        row.update(t0=t0, t1=t1, **counts)
-        return row, messages
+        if h.get_total_count():
+            if window.hist.get_total_count():
+                window.hist.add(h)
+                h.reset()
+            else:  # swapped, not added: HdrHistogram.add takes an empty one's minimum as 0
+                window.hist, h = h, window.hist
+        self._spare = h
+        for k, n in counts.items():
+            window.counts[k] += n
+        for into, add in ((window.kinds, kinds), (window.why, why)):
+            for k, n in add.items():
+                into[k] = into.get(k, 0) + n
+        kept = messages[: max(ERRORS_KEPT - window.errors_kept, 0)]
+        window.errors_kept += len(kept)
+        return kept
 
-    @staticmethod
-    def _summary(h) -> dict[str, Any]:
-        n = h.get_total_count()
-        row: dict[str, Any] = {
-            "samples": n,
-            "hist": h.encode().decode() if n else None,
-        }
-        if n:
-            row.update(
-                p50_us=h.get_value_at_percentile(50.0),
-                p90_us=h.get_value_at_percentile(90.0),
-                p99_us=h.get_value_at_percentile(99.0),
-                p999_us=h.get_value_at_percentile(99.9),
-                max_us=h.get_max_value(),
-                min_us=h.get_min_value(),
-                mean_us=h.get_mean_value(),
-            )
-        return row
+    def roll(self, t0: float, t1: float) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        """The outcomes since the last take as one window's row, and its messages (kept errors, then
+        one per reason arrivals were not sent)."""
+        window = Window(t0)
+        messages = self.take_into(window)
+        return window.row(t1), messages + window.not_sent_messages()
 
 
 class LoadDriver:

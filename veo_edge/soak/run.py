@@ -19,7 +19,7 @@ import numpy as np
 from veo_edge.errors import RunDirError, UsageError
 from veo_edge.soak.config import SoakConfig
 from veo_edge.soak.live import Progress
-from veo_edge.soak.load import LoadDriver, Recorder
+from veo_edge.soak.load import LoadDriver, Recorder, Window
 from veo_edge.soak.store import RunStore
 
 log = logging.getLogger("veo_edge.soak")
@@ -252,7 +252,7 @@ class _TickState:
     def __init__(self, store, config, sampler, recorder, clock, progress, offset) -> None:
         self.store, self.config, self.sampler, self.recorder = store, config, sampler, recorder
         self.clock, self.progress = clock, progress
-        self.window_start = offset
+        self.window = Window(offset)  # the open window, committed as it stands at every tick
         self.window_due = offset + config.window_s
         self.next_tick = 0.0  # set when the segment's clock starts
         self.last_fallbacks: int | None = 0 if config.url is None else None  # a server's counter runs on
@@ -264,10 +264,8 @@ class _TickState:
         self.next_tick += self.config.sample_s
         t = self.clock()
         self._sample(t)
-        if t >= self.window_due - self.config.sample_s / 2:  # on the planned grid: ticks drift by µs
-            _close_window(self.store, self.recorder, self.window_start, t, self.live_stats)
-            self.window_start = t
-            self.window_due += self.config.window_s
+        # a window closes on the planned grid (ticks drift by µs); until then its row is rewritten
+        self._gather(t, final=t >= self.window_due - self.config.sample_s / 2)
         self.store.commit()
         self.progress.update(t, self.live_stats)
 
@@ -278,8 +276,27 @@ class _TickState:
         self.store.commit()
 
     def last(self, t: float) -> None:
-        _close_window(self.store, self.recorder, self.window_start, t, self.live_stats)
+        self._gather(t, final=True)
         self._sample(t)
+
+    def _gather(self, t: float, final: bool) -> None:
+        """The outcomes since the last tick into the open window, whose row is written as it stands
+        (``final``: closed, with its percentiles, and the next window opened at ``t``)."""
+        window, store, live = self.window, self.store, self.live_stats
+        for kind, message in self.recorder.take_into(window):
+            store.add_event(t, kind, message)
+        row = window.row(t, summary=final)
+        store.put_window(row, final)
+        live["rate"] = row["ok"] / max(t - window.t0, 1e-9)
+        live["ok"], live["errors"] = self.recorder.total_ok, self.recorder.total_errors
+        live["not_sent"] = self.recorder.total_not_sent
+        if row.get("p50_us") is not None:
+            live["p50_ms"], live["p99_ms"] = row["p50_us"] / 1e3, row["p99_us"] / 1e3
+        if final:
+            for kind, message in window.not_sent_messages():
+                store.add_event(t, kind, message)
+            window.start(t)
+            self.window_due += self.config.window_s
 
     def _sample(self, t: float, baseline: bool = False) -> None:
         live = _probe(self.store, self.sampler.target, t, self)
@@ -322,18 +339,3 @@ def _tick(store, sampler, t, last_fallbacks, live_stats, injected, live=None, ba
         store.add_event(t, "fallback", detail)
     live_stats.update(rss=row.get("rss"), fallbacks=fb)
     return fb if fb is not None else last_fallbacks
-
-
-def _close_window(store, recorder, t0, t1, live_stats) -> None:
-    row, messages = recorder.roll(t0, t1)
-    store.add_window(row)
-    for kind, message in messages:
-        store.add_event(t1, kind, message)
-    span = max(t1 - t0, 1e-9)
-    live_stats["rate"] = row["ok"] / span
-    live_stats["ok"] = live_stats.get("ok", 0) + row["ok"]
-    live_stats["errors"] = live_stats.get("errors", 0) + row["errors"] + row["timeouts"]
-    live_stats["not_sent"] = live_stats.get("not_sent", 0) + row["not_sent"]
-    if row.get("p50_us") is not None:
-        live_stats["p50_ms"] = row["p50_us"] / 1e3
-        live_stats["p99_ms"] = row["p99_us"] / 1e3

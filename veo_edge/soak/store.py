@@ -3,7 +3,8 @@
 ``RUN_DIR/soak.db`` holds the run's configuration (``meta``), one row per process that worked on the run
 (``segments``: the first run and each ``--resume``), one row per latency window (counts, percentiles and
 the window's HdrHistogram, encoded), one row per resource sample, and events (errors, fallbacks, chaos,
-interruptions). The soak commits at every sample tick, so a SIGKILL loses at most the last tick; WAL mode
+interruptions). The soak commits at every sample tick, the open window's counts as they stand included,
+so a SIGKILL loses at most the last tick; WAL mode
 keeps every committed row readable while the run writes. Memory in the soak process stays bounded: the
 only growing state is on disk.
 """
@@ -96,6 +97,7 @@ class RunStore:
         self.path = path
         self.conn = conn
         self.segment: int | None = None
+        self._open_window: int | None = None  # rowid of the window ``put_window`` keeps rewriting
 
     # -- opening ----------------------------------------------------------------------------------
     @staticmethod
@@ -216,14 +218,27 @@ class RunStore:
         self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the run's data all in soak.db again
 
     def add_window(self, row: dict[str, Any]) -> None:
+        self._insert("windows", WINDOW_COLUMNS, self._window_row(row))
+
+    def put_window(self, row: dict[str, Any], final: bool) -> None:
+        """The open window as it stands: inserted at its first tick and rewritten at the next ones, so a
+        SIGKILL keeps its counts up to the last commit; ``final`` closes it (the next put starts a row)."""
+        row = self._window_row(row)
+        if self._open_window is None:
+            self._open_window = self._insert("windows", WINDOW_COLUMNS, row)
+        else:
+            sets = ", ".join(f"{c} = ?" for c in WINDOW_COLUMNS)
+            values = [row.get(c) for c in WINDOW_COLUMNS]
+            self.conn.execute(f"UPDATE windows SET {sets} WHERE rowid = ?", [*values, self._open_window])
+        if final:
+            self._open_window = None
+
+    def _window_row(self, row: dict[str, Any]) -> dict[str, Any]:
         row = {**row, "segment": self.segment}
-        for key in (
-            "kinds",
-            "not_sent_why",
-        ):  # error counts by kind (``load.error_label``), not sent by reason
+        for key in ("kinds", "not_sent_why"):  # errors by kind (``load.error_label``), not sent by reason
             if isinstance(row.get(key), dict):
                 row[key] = json.dumps(row[key], separators=(",", ":"))
-        self._insert("windows", WINDOW_COLUMNS, row)
+        return row
 
     def add_sample(self, row: dict[str, Any]) -> None:
         row = {**row, "segment": self.segment}
@@ -240,11 +255,12 @@ class RunStore:
     def commit(self) -> None:
         self.conn.commit()
 
-    def _insert(self, table: str, columns: list[str], row: dict[str, Any]) -> None:
-        self.conn.execute(
+    def _insert(self, table: str, columns: list[str], row: dict[str, Any]) -> int:
+        cur = self.conn.execute(
             f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
             [row.get(c) for c in columns],
         )
+        return int(cur.lastrowid)
 
     # -- reading ----------------------------------------------------------------------------------
     def recorded_until(self) -> float:
