@@ -17,6 +17,7 @@ ModelInfer reads ``raw_input_contents`` where they arrived (:mod:`veo_edge.serve
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from typing import Any
@@ -294,7 +295,9 @@ class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServic
         if request is None:
             self.service.rejected(None, "grpc", 400)  # no model is known from a message that did not decode
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, raw)
-        try:  # the message's bytes count against --max-buffered-bytes until it is answered, as a body's do
+        # the message's bytes count against --max-buffered-bytes until it is answered, as a body's do (a
+        # cancelled call's until its samples that run are done: serve/outcomes.py)
+        try:
             if self.budget is not None:
                 self.budget.take(size, 0)
         except HttpError as e:
@@ -318,7 +321,11 @@ class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServic
             except ProtocolError as e:
                 self.service.rejected(request.model_name, "grpc", e.status)
                 raise
-            outputs = await self.service.infer(request.model_name, version, parsed, arrival, "grpc")
+            try:
+                outputs = await self.service.infer(request.model_name, version, parsed, arrival, "grpc")
+            except asyncio.CancelledError:  # the client cancelled or passed its deadline: 499, as HTTP
+                self.service.rejected(request.model_name, "grpc", 499, "CANCELED")
+                raise
             labels = self.service.model_labels(request.model_name)
             write = lease.write if lease is not None else None
             return encode_infer_response(model, parsed, outputs, labels, write)

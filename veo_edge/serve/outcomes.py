@@ -6,6 +6,11 @@ Refused at submission: overloaded 503 (``REJECTED``), bad input 400 (``INVALID``
 503 (``UNAVAILABLE``). Failed after submission: too late 504, overloaded 503, closed or no backend 503,
 bad input 400, any other backend failure 500; the last two kinds mark the model not ready until its
 canary matches again (:class:`~veo_edge.serve.readiness.ReadinessCheck`).
+
+Cancelled (a gRPC client that cancelled or passed its deadline, an HTTP client that went away): the
+samples still queued are dropped by the runtime, and the cancellation reaches the caller only once the
+samples already running are done. Until then the caller still holds what the runtime reads: the
+request's bytes (``--max-buffered-bytes``), a shared-memory region's lease.
 """
 
 from __future__ import annotations
@@ -42,13 +47,37 @@ def refused(e: VeoEdgeError, rejected: Counter[str]) -> ProtocolError:
     return _unavailable(e)
 
 
+def _retrieve(future: asyncio.Future) -> None:
+    """Take a finished future's outcome, so that asyncio does not log one nobody awaits as "never
+    retrieved" (a cancelled call's gather ends with the CancelledError no one reads)."""
+    if not future.cancelled():
+        future.exception()
+
+
+async def _settled(futures: list[Any]) -> None:
+    """Return once every one of ``futures`` (concurrent) is done: those running are answered, those
+    cancelled while queued are never run."""
+    running = [asyncio.wrap_future(f) for f in futures if not f.done()]
+    for w in running:
+        w.add_done_callback(_retrieve)
+    if running:
+        await asyncio.wait(running)
+
+
 async def answers(futures: list[Any], timeout_s: float, check: Any) -> list[np.ndarray]:
     """The submitted samples' answers, or the ProtocolError their failure is; ``check``: the model's
-    :class:`~veo_edge.serve.readiness.ReadinessCheck`, told of a backend failure."""
+    :class:`~veo_edge.serve.readiness.ReadinessCheck`, told of a backend failure. Cancelled, it cancels
+    the samples still queued and re-raises once those running are done (see the module doc)."""
     try:
         if len(futures) == 1 and futures[0].done():  # ran here, on the loop
             return [futures[0].result()]
-        return await asyncio.wait_for(asyncio.gather(*(asyncio.wrap_future(f) for f in futures)), timeout_s)
+        gathered = asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        gathered.add_done_callback(_retrieve)
+        try:
+            return await asyncio.wait_for(gathered, timeout_s)
+        except asyncio.CancelledError:
+            await _settled(futures)
+            raise
     except asyncio.TimeoutError as e:
         raise ProtocolError(f"inference did not finish within {timeout_s} s", 504) from e
     except OverloadedError as e:
