@@ -54,14 +54,15 @@ def _retrieve(future: asyncio.Future) -> None:
         future.exception()
 
 
-async def _settled(futures: list[Any]) -> None:
-    """Return once every one of ``futures`` (concurrent) is done: those running are answered, those
-    cancelled while queued are never run."""
+async def _settled(futures: list[Any], timeout_s: float) -> None:
+    """Return once every one of ``futures`` (concurrent) is done, or after ``timeout_s`` (a hung backend
+    must not hold a cancelled call for ever): those running are answered, those cancelled while queued
+    are never run."""
     running = [asyncio.wrap_future(f) for f in futures if not f.done()]
     for w in running:
         w.add_done_callback(_retrieve)
     if running:
-        await asyncio.wait(running)
+        await asyncio.wait(running, timeout=timeout_s)
 
 
 async def answers(futures: list[Any], timeout_s: float, check: Any) -> list[np.ndarray]:
@@ -76,7 +77,7 @@ async def answers(futures: list[Any], timeout_s: float, check: Any) -> list[np.n
         try:
             return await asyncio.wait_for(gathered, timeout_s)
         except asyncio.CancelledError:
-            await _settled(futures)
+            await _settled(futures, timeout_s)
             raise
     except asyncio.TimeoutError as e:
         raise ProtocolError(f"inference did not finish within {timeout_s} s", 504) from e
