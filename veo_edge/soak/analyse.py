@@ -130,7 +130,7 @@ def analyse(store: RunStore, thresholds: Thresholds | None = None) -> dict[str, 
     first_errors: list[str] = []
     events = []
     for e in store.rows("events"):
-        if e["kind"] in ("error", "timeout", "backlog"):
+        if e["kind"] in ("error", "timeout"):  # a window's backlog events are events, apart from errors
             if len(first_errors) < 10:
                 first_errors.append(f"{e['t']:.1f}s {e['kind']}: {e['detail']}")
         elif len(events) < 200:

@@ -272,15 +272,16 @@ class RunStore:
     def ran_s(self) -> float:
         """Run time (s) spent issuing, summed over the segments: what counts toward ``--duration``. A
         segment's ends where it stopped issuing (its drain is recorded but not counted); one killed
-        before that ends at its last commit."""
+        before that ends where its windows end, which is where its counts do (its last commit; a run
+        recorded by an older veo-edge committed windows only as they closed, so its later samples are
+        not run time: a resume issues their arrivals again rather than all at once)."""
         ran = 0.0
         for seg_id, offset, until in self.conn.execute("SELECT id, offset_s, issued_until FROM segments"):
             if until is None:
                 w = self.conn.execute("SELECT MAX(t1) FROM windows WHERE segment = ?", (seg_id,)).fetchone()[
                     0
                 ]
-                s = self.conn.execute("SELECT MAX(t) FROM samples WHERE segment = ?", (seg_id,)).fetchone()[0]
-                until = max(w or offset, s or offset)
+                until = offset if w is None else w
             ran += max(until - offset, 0.0)
         return ran
 
