@@ -8,9 +8,10 @@ bad input 400, any other backend failure 500; the last two kinds mark the model 
 canary matches again (:class:`~veo_edge.serve.readiness.ReadinessCheck`).
 
 Cancelled (a gRPC client that cancelled or passed its deadline, an HTTP client that went away): the
-samples still queued are dropped by the runtime, and the cancellation reaches the caller only once the
-samples already running are done. Until then the caller still holds what the runtime reads: the
-request's bytes (``--max-buffered-bytes``), a shared-memory region's lease.
+samples still queued are dropped by the runtime, and the cancellation reaches the caller once the
+samples already running are done, or after the request timeout (a hung backend). Until then the caller
+still holds what the runtime reads: the request's bytes (``--max-buffered-bytes``), a shared-memory
+region's lease.
 """
 
 from __future__ import annotations
