@@ -93,3 +93,37 @@ def test_a_killed_server_leaves_no_process_behind(serve, nano_build):
     server.proc.wait(30)
     _, alive = psutil.wait_procs(children, timeout=15)
     assert not alive, [(p.pid, p.cmdline()) for p in alive]
+
+
+def test_a_grpc_call_cut_off_by_the_drain_is_not_a_clean_drain(serve, nano_build):
+    """gRPC calls are waited for within --drain-timeout as HTTP requests are; one still running when it
+    ends is cancelled, and the server says so (exit 1, drained cleanly: False). It read 'draining: 0
+    requests in flight', 'drained cleanly: True' and exit 0, counting HTTP only."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    from tritonclient.utils import InferenceServerException
+
+    slow = {"VEO_EDGE_FAULTS": json.dumps({"*": {"slow_ms": 8000}})}
+    server = serve(nano_build, "--drain-timeout", "1", "--lone-max-ms", "0", env=slow)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    x = np.zeros((2, 3, 32, 32), np.float32)  # two samples: run by the batcher, not alone on the loop
+    inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    outcome: list[BaseException | None] = []
+
+    def call() -> None:
+        try:
+            client.infer("vit-nano", [inp], client_timeout=60)
+            outcome.append(None)
+        except InferenceServerException as e:
+            outcome.append(e)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    # no counter moves before a batch ends, so the call is given 3 s to arrive; its compute takes 8
+    time.sleep(3)
+    os.kill(server.proc.pid, signal.SIGTERM)
+    assert server.proc.wait(60) == 1, server.log.read_text()
+    caller.join(30)
+    log = server.log.read_text()
+    assert "draining: 1 requests in flight" in log and "drained cleanly: False" in log, log
+    assert outcome and outcome[0] is not None  # cancelled by the stop, not answered

@@ -223,6 +223,8 @@ class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServic
         self.access = access
         #: the request bytes held across HTTP and gRPC (``--max-buffered-bytes``); None: not bounded here
         self.budget = budget
+        #: ModelInfer calls being handled now (the drain waits for them)
+        self.in_flight = 0
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerLiveResponse(live=True)
@@ -283,12 +285,16 @@ class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServic
         counted nowhere; here it reads as no message at all and counts as 413 under model "", as an HTTP
         body over the cap does; a call past its deadline before its message came counts as 499
         (:func:`~veo_edge.serve.grpc_extensions.no_message`)."""
-        request = await context.read()
-        if request is grpc.aio.EOF:
-            status, code = no_message(context)
-            self.service.rejected(None, "grpc", status)
-            await context.abort(code, NO_MESSAGE)
-        return await self.ModelInfer(request, context)
+        self.in_flight += 1
+        try:
+            request = await context.read()
+            if request is grpc.aio.EOF:
+                status, code = no_message(context)
+                self.service.rejected(None, "grpc", status)
+                await context.abort(code, NO_MESSAGE)
+            return await self.ModelInfer(request, context)
+        finally:
+            self.in_flight -= 1
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         request, raw, size = request if isinstance(request, tuple) else (request, None, 0)

@@ -4,6 +4,7 @@ serving the :class:`~veo_edge.serve.grpc.InferenceServicer` with ModelInfer read
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import grpc
@@ -34,6 +35,9 @@ class GrpcServer:
         self.access = access or AccessPolicy()
         self.budget = budget
         self._server: Any = None
+        self._servicer: Any = None
+        #: ModelInfer calls still in flight when the drain's grace ended (cancelled by the stop)
+        self.cut_off = 0
 
     async def bind(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0: a free port); returns the bound port. Call on the serving loop."""
@@ -61,7 +65,8 @@ class GrpcServer:
 
     async def start(self, service: Any) -> None:
         """Serve ``service`` (one model or several) on the bound port."""
-        handlers = _handlers(InferenceServicer(service, self.shm, self.access, self.budget))
+        self._servicer = InferenceServicer(service, self.shm, self.access, self.budget)
+        handlers = _handlers(self._servicer)
         self._interceptor.refused = lambda name, status: service.rejected(
             name, "grpc", status, "UNAUTHORIZED"
         )
@@ -70,10 +75,22 @@ class GrpcServer:
             self._server.add_registered_method_handlers(SERVICE, handlers)
         await self._server.start()
 
+    @property
+    def in_flight(self) -> int:
+        """ModelInfer calls being handled now."""
+        return self._servicer.in_flight if self._servicer is not None else 0
+
     async def stop(self, grace_s: float | None) -> None:
+        """Stop accepting calls, answer those in flight within ``grace_s``, then cancel the rest
+        (counted in :attr:`cut_off`, so that the drain does not read as clean)."""
         if self._server is not None:
             server, self._server = self._server, None
-            await server.stop(grace_s)
+            stopping = asyncio.ensure_future(server.stop(grace_s))
+            deadline = asyncio.get_running_loop().time() + (grace_s or 0.0)
+            while self.in_flight and not stopping.done() and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.02)
+            self.cut_off = self.in_flight
+            await stopping
 
 
 def _handlers(servicer: Any) -> dict[str, Any]:

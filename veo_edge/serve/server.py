@@ -192,7 +192,8 @@ async def _serve(runtimes, makers, options, listeners, grpc_server, app_args, on
 
     def drain() -> None:
         service.draining = True
-        log.info("draining: %d requests in flight", app.in_flight)
+        grpc_calls = grpc_server.in_flight if grpc_server is not None else 0
+        log.info("draining: %d requests in flight", app.in_flight + grpc_calls)
 
     try:
         await server.serve(listeners.http, options.drain_timeout_s, listening, drain)
@@ -202,7 +203,7 @@ async def _serve(runtimes, makers, options, listeners, grpc_server, app_args, on
         app.close()
         if grpc_server is not None:
             await grpc_server.stop(options.drain_timeout_s)
-    drained = app.in_flight == 0
+    drained = app.in_flight == 0 and (grpc_server is None or grpc_server.cut_off == 0)
     await service.close()
     log.info("stopped: answered %d infer requests; drained cleanly: %s", service.infer_answered, drained)
     return 0 if drained else 1
