@@ -54,7 +54,8 @@ def test_an_offered_rate_far_above_the_server_is_reported_not_hidden(
     # open loop: latency from the scheduled send; an answer later than the timeout is a timeout
     assert req["latency_from"] == "scheduled send (open loop)"
     if report["latency_ms"]["overall"]:
-        assert report["latency_ms"]["overall"]["max"] <= timeout * 1e3
+        # (the histograms keep 3 significant digits: a 999.999 ms answer reads as 1000.447 ms)
+        assert report["latency_ms"]["overall"]["max"] <= timeout * 1e3 * (1 + 1e-3)
     checks = {c["name"]: c for c in report["verdict"]["checks"]}
     assert not checks["rate"]["pass"] and "NOT sustained" in checks["rate"]["detail"]
     assert checks["server"]["pass"] and checks["duration"]["pass"]
