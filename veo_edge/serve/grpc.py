@@ -29,7 +29,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from veo_edge.serve.bodies import BodyBudget, HttpError
 from veo_edge.serve.control import AccessPolicy
-from veo_edge.serve.grpc_extensions import NO_MESSAGE, ExtensionsServicer, no_message, status_code
+from veo_edge.serve.grpc_extensions import ExtensionsServicer, read_infer, status_code
 from veo_edge.serve.protocol import (
     DATATYPES,
     InferRequest,
@@ -284,14 +284,11 @@ class InferenceServicer(ExtensionsServicer, service_pb2_grpc.GRPCInferenceServic
         --max-request-bytes (``grpc.max_receive_message_length``) before any unary handler, where it was
         counted nowhere; here it reads as no message at all and counts as 413 under model "", as an HTTP
         body over the cap does; a call past its deadline before its message came counts as 499
-        (:func:`~veo_edge.serve.grpc_extensions.no_message`)."""
+        (:func:`~veo_edge.serve.grpc_extensions.no_message`, read by
+        :func:`~veo_edge.serve.grpc_extensions.read_infer`)."""
         self.in_flight += 1
         try:
-            request = await context.read()
-            if request is grpc.aio.EOF:
-                status, code = no_message(context)
-                self.service.rejected(None, "grpc", status)
-                await context.abort(code, NO_MESSAGE)
+            request = await read_infer(context, lambda status: self.service.rejected(None, "grpc", status))
             return await self.ModelInfer(request, context)
         finally:
             self.in_flight -= 1

@@ -56,6 +56,17 @@ def no_message(context: Any) -> tuple[int, Any]:
     return 413, grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+async def read_infer(context: Any, count: Any) -> Any:
+    """ModelInfer's one message (client-streaming, as the server registers it); a call that ended with
+    none is counted (``count(status)``, see :func:`no_message`) and aborted."""
+    request = await context.read()
+    if request is grpc.aio.EOF:
+        status, code = no_message(context)
+        count(status)
+        await context.abort(code, NO_MESSAGE)
+    return request
+
+
 class AccessInterceptor(grpc.aio.ServerInterceptor):
     """Refuses a call whose group needs the bearer token (``authorization`` metadata) without the right one;
     installed only when some group does, so an open server pays nothing per call."""
@@ -78,12 +89,7 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):
                 await context.abort(code, message)
 
             async def deny_infer(requests: Any, context: Any) -> Any:  # ModelInfer: client-streaming
-                request = await context.read()
-                if request is grpc.aio.EOF:  # too large (grpcio answered it) or past its deadline
-                    status_, code_ = no_message(context)
-                    if self.refused is not None:
-                        self.refused(None, status_)
-                    await context.abort(code_, NO_MESSAGE)
+                request = await read_infer(context, lambda s: self.refused and self.refused(None, s))
                 if self.refused is not None:
                     message_ = request[0] if isinstance(request, tuple) else request
                     self.refused(getattr(message_, "model_name", None), status)
